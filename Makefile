@@ -1,0 +1,29 @@
+# Two entry points for a fresh machine with Python 3.11+ and make: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint bench clean
+
+$(BIN)/forensics: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(BIN)/forensics
+
+demo: $(BIN)/forensics
+	$(BIN)/forensics run sample_data/case.toml --out sample_data/report
+	@echo "Report: sample_data/report/report.html"
+
+test: $(BIN)/forensics
+	$(BIN)/python -m pytest -q
+
+lint: $(BIN)/forensics
+	$(BIN)/ruff check forensics tests benchmarks
+	$(BIN)/ruff format --check forensics tests benchmarks
+
+bench: $(BIN)/forensics
+	$(BIN)/python benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) sample_data/report sample_data/case.duckdb

@@ -1,0 +1,354 @@
+"""The case manifest (``case.toml``): load, validate, resolve paths.
+
+A manifest error is one line naming the key, e.g. ``case.toml: [detection].latency_factor: must
+be a number between 0 and 1, got 'fast'``.
+"""
+
+from __future__ import annotations
+
+import glob
+import ipaddress
+import re
+import tomllib
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from forensics.errors import ManifestError
+from forensics.schema import KINDS
+
+FORMATS = ("canonical", "sglang", "otel", "litellm", "helicone", "cloudflare", "auto")
+ROLES = ("prefill", "decode", "unified")
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> timedelta:
+    """Parse ``"15m"``, ``"90s"``, ``"1.5h"``, ``"250ms"`` or ``"2d"``.
+
+    >>> parse_duration("15m")
+    datetime.timedelta(seconds=900)
+    """
+    m = _DURATION.match(str(text))
+    if not m:
+        raise ValueError(f"not a duration like '15m' or '90s': {text!r}")
+    return timedelta(seconds=float(m.group(1)) * _UNIT_SECONDS[m.group(2)])
+
+
+def parse_instant(value: Any, tz: str = "UTC") -> datetime:
+    """An RFC 3339 string or TOML datetime as an aware UTC datetime; naive means ``tz``.
+
+    >>> parse_instant("2026-09-08T14:02:00Z").isoformat()
+    '2026-09-08T14:02:00+00:00'
+    >>> parse_instant("2026-09-08 16:02:00", "Europe/Rome").isoformat()
+    '2026-09-08T14:02:00+00:00'
+    """
+    if isinstance(value, datetime):
+        dt = value
+    elif isinstance(value, str):
+        text = value.strip()
+        if text.endswith(("Z", "z")):
+            text = text[:-1] + "+00:00"
+        dt = datetime.fromisoformat(text)
+    else:
+        raise ValueError(f"not a timestamp: {value!r}")
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=ZoneInfo(tz))
+    return dt.astimezone(UTC)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    kind: str
+    format: str
+    paths: tuple[str, ...]  # patterns as written, resolved against the manifest folder
+    node: str | None = None
+    role: str | None = None
+    observed_at: datetime | None = None
+    tenant_field: str | None = None
+
+    def files(self) -> list[Path]:
+        """The files the patterns match, sorted, each once."""
+        found: list[Path] = []
+        for pattern in self.paths:
+            matches = sorted(glob.glob(pattern, recursive=True))
+            if not matches and not glob.has_magic(pattern):
+                matches = [pattern]  # a plain missing path: let ingest report it by name
+            found += [Path(m) for m in matches]
+        return list(dict.fromkeys(found))
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    name: str
+    reason: str = ""
+    tenant_ids: tuple[str, ...] = ()
+    api_key_ids: tuple[str, ...] = ()
+    client_cidrs: tuple[str, ...] = ()
+    user_agent_regex: str | None = None
+    start: datetime | None = None
+    end: datetime | None = None
+
+
+@dataclass(frozen=True)
+class TimelineEvent:
+    at: datetime
+    event: str
+
+
+@dataclass(frozen=True)
+class Detection:
+    default_pool_tokens: int | None = None
+    latency_factor: float = 0.2
+    overlap_window: timedelta = timedelta(minutes=15)
+    default_page_size: int = 1
+
+
+@dataclass(frozen=True)
+class Case:
+    path: Path
+    id: str
+    title: str
+    start: datetime | None
+    end: datetime | None
+    context_length: int | None
+    timezone: str
+    model: str | None
+    as_of: datetime | None
+    database: Path
+    evidence: tuple[Evidence, ...]
+    detection: Detection
+    exclusions: tuple[Exclusion, ...]
+    timeline: tuple[TimelineEvent, ...]
+    raw: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def folder(self) -> Path:
+        return self.path.parent
+
+
+class _Reader:
+    """Reads one table of the manifest and names the exact key when something is wrong."""
+
+    def __init__(self, file: Path, where: str, table: Any):
+        self.file, self.where = file, where
+        if not isinstance(table, dict):
+            self.fail(None, "must be a table")
+        self.table = table
+
+    def fail(self, key: str | None, msg: str) -> None:
+        name = f"{self.where}.{key}" if key else self.where
+        raise ManifestError(f"{self.file.name}: {name}: {msg}")
+
+    def check_keys(self, allowed: set[str]) -> None:
+        for key in self.table:
+            if key not in allowed:
+                self.fail(key, f"unknown key (expected one of: {', '.join(sorted(allowed))})")
+
+    def get(self, key: str, kind: type | tuple, default: Any = None, required: bool = False):
+        if key not in self.table:
+            if required:
+                self.fail(key, "is required")
+            return default
+        value = self.table[key]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if isinstance(value, bool) and kind is not bool:
+            self.fail(key, f"must be {_kind_name(kind)}, got {value!r}")
+        if not isinstance(value, kind):
+            self.fail(key, f"must be {_kind_name(kind)}, got {value!r}")
+        return value
+
+    def strings(self, key: str) -> tuple[str, ...]:
+        value = self.table.get(key, [])
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            self.fail(key, f"must be a list of strings, got {value!r}")
+        return tuple(value)
+
+    def instant(self, key: str, tz: str, required: bool = False) -> datetime | None:
+        if key not in self.table:
+            if required:
+                self.fail(key, "is required")
+            return None
+        try:
+            return parse_instant(self.table[key], tz)
+        except (ValueError, TypeError) as exc:
+            self.fail(key, f"must be an RFC 3339 timestamp ({exc})")
+        return None
+
+
+def _kind_name(kind: type | tuple) -> str:
+    names = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
+             list: "a list", dict: "a table"}
+    if isinstance(kind, tuple):
+        return " or ".join(names.get(k, k.__name__) for k in kind)
+    return names.get(kind, kind.__name__)
+
+
+def load_case(path: str | Path) -> Case:
+    """Load and validate a case manifest; paths are resolved relative to its folder.
+
+    Raises:
+        ManifestError: the file is missing, not TOML, or a key is wrong (the message names it).
+    """
+    path = Path(path).resolve()
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: case manifest not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{path}: cannot read the case manifest: {exc}") from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ManifestError(f"{path.name}: not valid TOML: {exc}") from None
+
+    top = _Reader(path, "case", raw)
+    top.check_keys({"incident", "database", "evidence", "detection", "exclusion", "timeline"})
+
+    inc = _Reader(path, "[incident]", raw.get("incident", None))
+    inc.check_keys({"id", "title", "model", "start", "end", "context_length", "timezone", "as_of"})
+    tz = inc.get("timezone", str, "UTC")
+    try:
+        ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError):
+        inc.fail("timezone", f"unknown time zone {tz!r}")
+    start, end = inc.instant("start", tz), inc.instant("end", tz)
+    if start and end and end <= start:
+        inc.fail("end", "must be after [incident].start")
+    context_length = inc.get("context_length", int)
+    if context_length is not None and context_length <= 0:
+        inc.fail("context_length", "must be positive")
+
+    db = _Reader(path, "[database]", raw.get("database", {}))
+    db.check_keys({"path"})
+    database = path.parent / db.get("path", str, "case.duckdb")
+
+    evidence = tuple(
+        _evidence(path, i, item, tz) for i, item in enumerate(_array(top, "evidence"))
+    )
+    detection = _detection(path, raw.get("detection", {}))
+    exclusions = tuple(
+        _exclusion(path, i, item, tz) for i, item in enumerate(_array(top, "exclusion"))
+    )
+    names = [e.name for e in exclusions]
+    for n in names:
+        if names.count(n) > 1:
+            raise ManifestError(f"{path.name}: [[exclusion]].name: duplicate name {n!r}")
+    timeline = []
+    for i, item in enumerate(_array(top, "timeline")):
+        r = _Reader(path, f"[[timeline]] #{i + 1}", item)
+        r.check_keys({"at", "event"})
+        timeline.append(TimelineEvent(r.instant("at", tz, required=True),
+                                      r.get("event", str, required=True)))
+
+    return Case(
+        path=path,
+        id=inc.get("id", str, required=True),
+        title=inc.get("title", str, ""),
+        start=start,
+        end=end,
+        context_length=context_length,
+        timezone=tz,
+        model=inc.get("model", str),
+        as_of=inc.instant("as_of", tz),
+        database=database,
+        evidence=evidence,
+        detection=detection,
+        exclusions=exclusions,
+        timeline=tuple(sorted(timeline, key=lambda t: t.at)),
+        raw=raw,
+    )
+
+
+def _array(top: _Reader, key: str) -> list:
+    value = top.table.get(key, [])
+    if not isinstance(value, list):
+        top.fail(f"[[{key}]]", "must be an array of tables ([[" + key + "]])")
+    return value
+
+
+def _evidence(path: Path, i: int, item: Any, tz: str) -> Evidence:
+    r = _Reader(path, f"[[evidence]] #{i + 1}", item)
+    r.check_keys({"kind", "format", "paths", "node", "role", "observed_at", "tenant_field"})
+    kind = r.get("kind", str, required=True)
+    if kind not in KINDS:
+        r.fail("kind", f"must be one of {', '.join(KINDS)}, got {kind!r}")
+    fmt = r.get("format", str, "canonical")
+    if fmt not in FORMATS:
+        r.fail("format", f"must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    patterns = r.strings("paths")
+    if not patterns:
+        r.fail("paths", "is required (a list of file paths or globs)")
+    role = r.get("role", str)
+    if role is not None and role not in ROLES:
+        r.fail("role", f"must be one of {', '.join(ROLES)}, got {role!r}")
+    return Evidence(
+        kind=kind,
+        format=fmt,
+        paths=tuple(str(path.parent / p) for p in patterns),
+        node=r.get("node", str),
+        role=role,
+        observed_at=r.instant("observed_at", tz),
+        tenant_field=r.get("tenant_field", str),
+    )
+
+
+def _detection(path: Path, item: Any) -> Detection:
+    r = _Reader(path, "[detection]", item)
+    r.check_keys({"default_pool_tokens", "latency_factor", "overlap_window", "default_page_size"})
+    pool = r.get("default_pool_tokens", int)
+    if pool is not None and pool <= 0:
+        r.fail("default_pool_tokens", "must be positive")
+    factor = r.get("latency_factor", float, 0.2)
+    if not 0 < factor < 1:
+        r.fail("latency_factor", f"must be a number between 0 and 1, got {factor!r}")
+    window_text = r.get("overlap_window", str, "15m")
+    try:
+        window = parse_duration(window_text)
+    except ValueError as exc:
+        r.fail("overlap_window", str(exc))
+    page = r.get("default_page_size", int, 1)
+    if page <= 0:
+        r.fail("default_page_size", "must be positive")
+    return Detection(pool, factor, window, page)
+
+
+def _exclusion(path: Path, i: int, item: Any, tz: str) -> Exclusion:
+    r = _Reader(path, f"[[exclusion]] #{i + 1}", item)
+    r.check_keys({"name", "reason", "tenant_ids", "api_key_ids", "client_cidrs",
+                  "user_agent_regex", "start", "end"})
+    name = r.get("name", str, required=True)
+    r.where = f"[[exclusion]] {name!r}"
+    cidrs = r.strings("client_cidrs")
+    for c in cidrs:
+        try:
+            ipaddress.ip_network(c, strict=False)
+        except ValueError:
+            r.fail("client_cidrs", f"not a CIDR: {c!r}")
+    regex = r.get("user_agent_regex", str)
+    if regex is not None:
+        try:
+            re.compile(regex)
+        except re.error as exc:
+            r.fail("user_agent_regex", f"not a valid regular expression: {exc}")
+    ex = Exclusion(
+        name=name,
+        reason=r.get("reason", str, ""),
+        tenant_ids=r.strings("tenant_ids"),
+        api_key_ids=r.strings("api_key_ids"),
+        client_cidrs=cidrs,
+        user_agent_regex=regex,
+        start=r.instant("start", tz),
+        end=r.instant("end", tz),
+    )
+    if not (ex.tenant_ids or ex.api_key_ids or ex.client_cidrs or ex.user_agent_regex):
+        # A rule with only a time window would exclude every customer in it: refuse it.
+        r.fail("tenant_ids", "an exclusion needs tenant_ids, api_key_ids, client_cidrs "
+               "or user_agent_regex (a time window alone would exclude every customer)")
+    return ex

@@ -1,0 +1,96 @@
+"""The ``forensics`` command line: thin commands over the library.
+
+Each command validates its options, makes one library call and renders the result. Errors the
+user can act on print one line and exit 1; usage errors exit 2; ``--debug`` shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import typer
+
+from forensics import __version__
+from forensics.errors import ForensicsError
+
+app = typer.Typer(
+    name="forensics",
+    help="Incident forensics for cross-tenant KV cache exposure in LLM inference serving.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+_state = {"debug": False}
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"forensics {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version."
+    ),
+) -> None:
+    _state["debug"] = debug
+
+
+def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn library errors into one red line and exit code 1 (``--debug`` re-raises)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort, SystemExit):
+            raise
+        except ForensicsError as exc:
+            if _state["debug"]:
+                raise
+            typer.secho(f"Error: {exc}", err=True, fg="red")
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            typer.secho("Interrupted.", err=True, fg="red")
+            raise typer.Exit(130) from None
+        except Exception as exc:  # noqa: BLE001 - last line of defence: no traceback for users
+            if _state["debug"]:
+                raise
+            typer.secho(
+                f"Error: {type(exc).__name__}: {exc} (run with --debug for details)",
+                err=True,
+                fg="red",
+            )
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+def main() -> None:
+    """Console-script entry point."""
+    _register_commands()
+    app(prog_name="forensics")
+
+
+def _register_commands() -> None:
+    # Commands live one module per noun; importing them registers them on ``app``.
+    import importlib
+    import pkgutil
+
+    import forensics.commands as pkg
+
+    for mod in sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)):
+        importlib.import_module(f"forensics.commands.{mod}")
+
+
+_register_commands()
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

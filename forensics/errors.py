@@ -1,0 +1,16 @@
+"""Errors a user sees as one line, without a traceback."""
+
+
+class ForensicsError(Exception):
+    """A data or runtime problem the user can act on (exit code 1).
+
+    The message names the file, the line and the field where one is known.
+    """
+
+
+class ManifestError(ForensicsError):
+    """The case manifest is malformed: the message names the key."""
+
+
+class EvidenceError(ForensicsError):
+    """A whole evidence file could not be read (corrupt, truncated, wrong format)."""

@@ -1,0 +1,206 @@
+"""The canonical schema: the one contract shared by ingest, detection, scoping and the simulator.
+
+Every evidence kind has a fixed list of typed columns (DESIGN.md section 5). Ingest maps input
+columns onto these by name; anything else lands in ``extra`` (JSON). Each loaded row also carries
+``evidence_id`` and ``source_row`` so every finding can point back at the line it came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KINDS = ("requests", "engine_legs", "pool_snapshots", "kv_allocations", "tenants")
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str  # one of: string, int, float, timestamp
+    required: bool = False
+
+
+def _cols(*spec: tuple) -> tuple[Column, ...]:
+    return tuple(Column(*s) for s in spec)
+
+
+CANONICAL: dict[str, tuple[Column, ...]] = {
+    "requests": _cols(
+        ("request_id", "string", True),
+        ("tenant_id", "string", True),
+        ("received_at", "timestamp", True),
+        ("prompt_tokens", "int", True),
+        ("http_status", "int", True),
+        ("completion_tokens", "int"),
+        ("cached_tokens", "int"),
+        ("first_token_at", "timestamp"),
+        ("completed_at", "timestamp"),
+        ("ttft_ms", "float"),
+        ("e2e_ms", "float"),
+        ("finish_reason", "string"),
+        ("model", "string"),
+        ("prefill_node", "string"),
+        ("decode_node", "string"),
+        ("dp_rank", "int"),
+        ("bootstrap_room", "string"),
+        ("api_key_id", "string"),
+        ("client_ip", "string"),
+        ("user_agent", "string"),
+    ),
+    "engine_legs": _cols(
+        ("request_id", "string", True),
+        ("role", "string", True),
+        ("node", "string", True),
+        ("started_at", "timestamp", True),
+        ("finished_at", "timestamp"),
+        ("input_tokens", "int"),
+        ("reserved_tokens", "int"),
+        ("transferred_tokens", "int"),
+        ("bootstrap_room", "string"),
+        ("dp_rank", "int"),
+        ("finish_type", "string"),
+        ("status_code", "int"),
+        ("error", "string"),
+    ),
+    "pool_snapshots": _cols(
+        ("node", "string", True),
+        ("observed_at", "timestamp", True),
+        ("max_total_num_tokens", "int", True),
+        ("role", "string"),
+        ("max_req_input_len", "int"),
+        ("context_length", "int"),
+        ("page_size", "int"),
+        ("dp_size", "int"),
+        ("engine_version", "string"),
+    ),
+    "kv_allocations": _cols(
+        ("node", "string", True),
+        ("dp_rank", "int"),
+        ("request_id", "string", True),
+        ("at", "timestamp", True),
+        ("op", "string", True),
+        ("first_page", "int", True),
+        ("page_count", "int", True),
+    ),
+    "tenants": _cols(
+        ("tenant_id", "string", True),
+        ("name", "string"),
+        ("contact", "string"),
+    ),
+}
+
+# The column whose value orders a kind in time (first/last timestamp of a file, coverage).
+TIME_COLUMN = {
+    "requests": "received_at",
+    "engine_legs": "started_at",
+    "pool_snapshots": "observed_at",
+    "kv_allocations": "at",
+    "tenants": None,
+}
+
+SQL_TYPE = {"string": "VARCHAR", "int": "BIGINT", "float": "DOUBLE", "timestamp": "TIMESTAMPTZ"}
+
+
+def columns(kind: str) -> tuple[Column, ...]:
+    """The canonical columns of one evidence kind.
+
+    >>> [c.name for c in columns("tenants")]
+    ['tenant_id', 'name', 'contact']
+    """
+    return CANONICAL[kind]
+
+
+def required(kind: str) -> list[str]:
+    """Names of the required columns of one kind.
+
+    >>> required("pool_snapshots")
+    ['node', 'observed_at', 'max_total_num_tokens']
+    """
+    return [c.name for c in CANONICAL[kind] if c.required]
+
+
+def table_ddl(kind: str) -> str:
+    """CREATE TABLE statement of a canonical table, with provenance and ``extra`` columns."""
+    cols = [f"\"{c.name}\" {SQL_TYPE[c.type]}" for c in CANONICAL[kind]]
+    cols += ["extra JSON", "evidence_id INTEGER NOT NULL", "source_row BIGINT NOT NULL"]
+    return f"CREATE TABLE IF NOT EXISTS {kind} (\n  " + ",\n  ".join(cols) + "\n)"
+
+
+BOOKKEEPING_DDL = (
+    "CREATE SEQUENCE IF NOT EXISTS evidence_seq START 1",
+    """CREATE TABLE IF NOT EXISTS evidence (
+  evidence_id INTEGER PRIMARY KEY,
+  path VARCHAR NOT NULL,
+  sha256 VARCHAR NOT NULL UNIQUE,
+  bytes BIGINT NOT NULL,
+  kind VARCHAR NOT NULL,
+  format VARCHAR NOT NULL,
+  rows_read BIGINT NOT NULL,
+  rows_loaded BIGINT NOT NULL,
+  rows_rejected BIGINT NOT NULL,
+  first_at TIMESTAMPTZ,
+  last_at TIMESTAMPTZ,
+  loaded_at TIMESTAMPTZ NOT NULL,
+  CHECK (rows_read = rows_loaded + rows_rejected)
+)""",
+    """CREATE TABLE IF NOT EXISTS rejects (
+  evidence_id INTEGER NOT NULL,
+  path VARCHAR NOT NULL,
+  source_row BIGINT NOT NULL,
+  column_name VARCHAR,
+  reason VARCHAR NOT NULL,
+  raw VARCHAR
+)""",
+)
+
+
+def all_ddl() -> list[str]:
+    """Every statement that creates an empty case database."""
+    return list(BOOKKEEPING_DDL) + [table_ddl(k) for k in KINDS]
+
+
+# Findings: what detection writes and scoping/reporting read. Detection replaces these tables
+# whole on every run, so a finding never outlives the evidence it came from.
+# ``evidence`` columns hold a JSON list of {"table", "evidence_id", "source_row"} pointers.
+FINDINGS_DDL = {
+    # One row per detector per run: what ran, with which parameters, and how many hits.
+    "findings_detectors": """CREATE OR REPLACE TABLE findings_detectors (
+  detector_id VARCHAR, title VARCHAR, severity VARCHAR, description VARCHAR,
+  parameters JSON, hits BIGINT, ordinal INTEGER)""",
+    # One row per (request, signal) a detector raised.
+    "findings_signals": """CREATE OR REPLACE TABLE findings_signals (
+  request_id VARCHAR, signal VARCHAR, detector_id VARCHAR, value DOUBLE, threshold DOUBLE,
+  detail VARCHAR, evidence JSON)""",
+    # One row per request with a verdict (confirmed | likely | possible).
+    "findings_affected": """CREATE OR REPLACE TABLE findings_affected (
+  request_id VARCHAR, tenant_id VARCHAR, received_at TIMESTAMPTZ, prompt_tokens BIGINT,
+  threshold_tokens BIGINT, verdict VARCHAR, signals VARCHAR, model VARCHAR,
+  prefill_node VARCHAR, decode_node VARCHAR, dp_rank BIGINT, excluded_by VARCHAR,
+  evidence JSON)""",
+    # Whose KV each affected response read. method: allocation_log | allocator_replay |
+    # temporal; confidence: exact | high | low. rank orders temporal candidates (1 = newest).
+    "findings_exposures": """CREATE OR REPLACE TABLE findings_exposures (
+  recipient_request_id VARCHAR, recipient_tenant_id VARCHAR, source_request_id VARCHAR,
+  source_tenant_id VARCHAR, method VARCHAR, tokens BIGINT, confidence VARCHAR,
+  rank INTEGER, source_released_at TIMESTAMPTZ, recipient_excluded_by VARCHAR,
+  source_excluded_by VARCHAR)""",
+    # Per request: which exclusion rules matched it (a request may match several).
+    "findings_excluded": """CREATE OR REPLACE TABLE findings_excluded (
+  request_id VARCHAR, tenant_id VARCHAR, exclusion VARCHAR)""",
+    # One row per exclusion rule with how much it matched.
+    "findings_exclusions": """CREATE OR REPLACE TABLE findings_exclusions (
+  name VARCHAR, reason VARCHAR, rule VARCHAR, requests_matched BIGINT,
+  affected_matched BIGINT, tenants_matched BIGINT, ordinal INTEGER)""",
+    # Exploitation assessment per recipient tenant.
+    "findings_exploitation": """CREATE OR REPLACE TABLE findings_exploitation (
+  tenant_id VARCHAR, score DOUBLE, level VARCHAR, reasons JSON, over_threshold_attempts BIGINT,
+  affected_responses BIGINT, excluded_by VARCHAR)""",
+    # Log coverage: per node and side, what the evidence spans and where it has holes.
+    "findings_coverage": """CREATE OR REPLACE TABLE findings_coverage (
+  scope VARCHAR, node VARCHAR, rows BIGINT, first_at TIMESTAMPTZ, last_at TIMESTAMPTZ,
+  gap_count BIGINT, largest_gap_s DOUBLE, detail VARCHAR)""",
+    # Case-level statements (key -> JSON value): exploitation conclusion, methods used, etc.
+    "findings_case": """CREATE OR REPLACE TABLE findings_case (key VARCHAR, value JSON)""",
+    # Warnings a reader must see (missing evidence kinds, fallbacks to weaker methods).
+    "findings_warnings": """CREATE OR REPLACE TABLE findings_warnings (
+  code VARCHAR, message VARCHAR)""",
+}
