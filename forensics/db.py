@@ -31,3 +31,32 @@ def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnect
         for stmt in all_ddl():
             con.execute(stmt)
     return con
+
+
+def insert_rows(con: duckdb.DuckDBPyConnection, kind: str, rows: list[dict], evidence_id: int = 0):
+    """Insert canonical rows given as dicts (fixtures, detector test cases, docstrings).
+
+    Values are cast by the table's column types; timestamps may be RFC 3339 strings. Each row's
+    ``source_row`` is its 1-based position. Not for evidence files: use ``forensics ingest``.
+
+    >>> con = connect(":memory:")
+    >>> insert_rows(con, "tenants", [{"tenant_id": "acct_a", "name": "A"}])
+    >>> con.execute("SELECT tenant_id, source_row FROM tenants").fetchall()
+    [('acct_a', 1)]
+    """
+    from forensics.schema import SQL_TYPE, columns
+
+    cols = columns(kind)
+    known = {c.name for c in cols}
+    names = ", ".join(f'"{c.name}"' for c in cols)
+    values = ", ".join(f"CAST(${c.name} AS {SQL_TYPE[c.type]})" for c in cols)
+    sql = (f'INSERT INTO {kind} ({names}, extra, evidence_id, source_row) '
+           f"VALUES ({values}, $extra, $evidence_id, $source_row)")
+    import json
+
+    for i, row in enumerate(rows, start=1):
+        unknown = {k: v for k, v in row.items() if k not in known}
+        args = {c.name: row.get(c.name) for c in cols}
+        args |= {"extra": json.dumps(unknown) if unknown else None,
+                 "evidence_id": evidence_id, "source_row": i}
+        con.execute(sql, args)

@@ -1,0 +1,344 @@
+"""Source attribution: whose KV each affected response read.
+
+Three methods, the best one each decode rank's evidence allows (DESIGN.md section 6):
+
+1. ``allocation_log`` (confidence ``exact``): ``kv_allocations`` name the pages of every
+   allocation, so the last writer of each stale page is known.
+2. ``allocator_replay`` (``high`` from engine legs, ``medium`` from client times only): the
+   rank's page pool is replayed from its request timeline with SGLang's PD allocator rule —
+   freed pages are parked, merged and sorted ascending when the free list runs short, and an
+   allocation takes the lowest free ids.
+3. ``temporal`` (``low``): every request on the same node (and rank) that released its KV within
+   the overlap window before the victim took its pages, ranked newest first.
+
+Both page-level methods track *writers*, not owners: a normal request writes every page it
+holds; a victim writes only its first page and the pages of its generated tokens, so the rest of
+its reservation keeps the earlier writer's content and can leak it again to a later victim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import duckdb
+    import numpy as np
+
+SQL_DIR = Path(__file__).resolve().parent / "sql"
+
+
+@dataclass
+class AttributionResult:
+    methods: dict[str, int] = field(default_factory=dict)  # method -> exposures written
+    warnings: list[tuple[str, str]] = field(default_factory=list)
+
+
+class PagePool:
+    """One decode rank's KV page pool under SGLang's PD allocator, with page writers.
+
+    Pages are numbered 1..P (page 0 is reserved). The free list is always ascending: it starts
+    as 1..P and is only ever rebuilt by sorting. Freed pages wait in a release list until an
+    allocation finds the free list too short.
+
+    >>> pool = PagePool(pages=6)
+    >>> pool.alloc("a", 3).tolist(), pool.alloc("b", 2).tolist()
+    ([1, 2, 3], [4, 5])
+    >>> pool.free("a"); pool.alloc("c", 2).tolist()  # 1 page left: merge, lowest ids first
+    [1, 2]
+    """
+
+    def __init__(self, pages: int):
+        import numpy as np
+
+        self.np = np
+        self.total = pages
+        self.free_pages = np.arange(1, pages + 1, dtype=np.int64)
+        self.pos = 0  # free_pages[pos:] are free; an allocation is a slice, not a copy
+        self.released: list[np.ndarray] = []
+        self.held: dict[Any, np.ndarray] = {}
+        self.writer = np.full(pages + 1, -1, dtype=np.int64)
+        self.shortfalls = 0  # allocations the replayed pool could not satisfy in full
+
+    def available(self) -> int:
+        return len(self.free_pages) - self.pos + sum(len(r) for r in self.released)
+
+    def _merge(self) -> None:
+        np = self.np
+        self.free_pages = np.sort(np.concatenate([self.free_pages[self.pos :], *self.released]))
+        self.pos = 0
+        self.released = []
+
+    def alloc(self, key: Any, n_pages: int) -> np.ndarray:
+        """Take ``n_pages`` pages for ``key``: the head of the free list, merging if short."""
+        if n_pages > len(self.free_pages) - self.pos:
+            self._merge()
+        if n_pages > len(self.free_pages) - self.pos:
+            # The logs say this allocation happened; the replayed pool disagrees, so the replay
+            # has drifted from the real engine (missing frees, unknown start state).
+            self.shortfalls += 1
+            n_pages = len(self.free_pages) - self.pos
+        pages = self.free_pages[self.pos : self.pos + n_pages]
+        self.pos += n_pages
+        self.held[key] = pages
+        return pages
+
+    def take(self, key: Any, pages: np.ndarray) -> np.ndarray:
+        """Record an allocation whose pages are known (allocation log)."""
+        self.held[key] = pages
+        return pages
+
+    def free(self, key: Any) -> None:
+        pages = self.held.pop(key, None)
+        if pages is not None and len(pages):
+            self.released.append(pages)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def stale_read(
+    pool: PagePool, pages: np.ndarray, victim: int, prompt_tokens: int, completion_tokens: int,
+    page_size: int,
+) -> dict[int, int]:
+    """What a victim reads, then what it overwrites. Returns {writer index: stale pages}.
+
+    The victim's prompt occupies allocation indices 0..ceil(N/page)-1; only index 0 came from
+    prefill. Indices 1.. hold whatever their last writer left. Afterwards the victim has written
+    index 0 and the pages of its generated tokens (positions N..N+C-1), nothing else.
+    """
+    np = pool.np
+    prompt_pages = _ceil_div(max(prompt_tokens, 1), page_size)
+    stale = pages[1:prompt_pages]
+    writers = pool.writer[stale]
+    writers = writers[(writers >= 0) & (writers != victim)]
+    found: dict[int, int] = {}
+    if len(writers):
+        ids, counts = np.unique(writers, return_counts=True)
+        found = dict(zip(ids.tolist(), counts.tolist(), strict=True))
+    pool.writer[pages[0:1]] = victim
+    first_gen = prompt_tokens // page_size
+    last_gen = _ceil_div(prompt_tokens + completion_tokens, page_size)
+    pool.writer[pages[first_gen:last_gen]] = victim
+    return found
+
+
+def attribute(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) -> AttributionResult:
+    """Fill findings_exposures for every confirmed or likely affected response."""
+    from forensics.detect import _statements
+    from forensics.schema import FINDINGS_DDL
+
+    con.execute(FINDINGS_DDL["findings_exposures"])
+    for statement in _statements(SQL_DIR / "timeline.sql"):
+        con.execute(statement)
+    result = AttributionResult()
+    victims = con.execute(
+        """SELECT a.request_id, a.tenant_id, t.node, t.dp_rank, t.alloc_at, t.source_table,
+                  t.prompt_tokens, t.completion_tokens, a.decode_node
+           FROM findings_affected a
+           LEFT JOIN decode_timeline t ON t.request_id = a.request_id
+           WHERE a.verdict IN ('confirmed', 'likely')
+           ORDER BY a.request_id"""
+    ).fetchall()
+    if not victims:
+        return result
+    no_node = [v for v in victims if v[2] is None and v[8] is None]
+    if no_node:
+        result.warnings.append((
+            "victims_without_node",
+            f"{len(no_node)} affected responses have no decode node: their sources cannot be"
+            " attributed (no exposure rows for them).",
+        ))
+    groups: dict[tuple, list] = {}
+    for v in victims:
+        node = v[2] or v[8]
+        if node is not None:
+            groups.setdefault((node, v[3]), []).append(v)
+
+    rows: list[tuple] = []
+    temporal_victims: list[str] = []
+    for (node, rank), members in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1] or -1)):
+        method, why = _choose_method(con, node, rank, members)
+        if method == "temporal":
+            temporal_victims += [m[0] for m in members]
+            if why:
+                result.warnings.append(("temporal_fallback", f"{node} rank {rank}: {why}"))
+            continue
+        replayed, warning = _replay(con, node, rank, members, method)
+        rows += replayed
+        if warning:
+            result.warnings.append(("replay_drift", f"{node} rank {rank}: {warning}"))
+    if rows:
+        con.executemany(
+            "INSERT INTO findings_exposures VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL)", rows
+        )
+    if temporal_victims:
+        _temporal(con, temporal_victims, params)
+    _mark_excluded(con)
+    result.methods = dict(
+        con.execute(
+            "SELECT method, count(*) FROM findings_exposures GROUP BY method ORDER BY method"
+        ).fetchall()
+    )
+    return result
+
+
+def _choose_method(con, node: str, rank, members: list) -> tuple[str, str | None]:
+    """allocation_log where the node has one, else allocator_replay where the pool is known."""
+    has_log = con.execute(
+        """SELECT count(*) FROM kv_allocations
+           WHERE node = $node AND (dp_rank = $rank OR ($rank IS NULL AND dp_rank IS NULL))""",
+        {"node": node, "rank": rank},
+    ).fetchone()[0]
+    if has_log:
+        return "allocation_log", None
+    pool = con.execute(
+        "SELECT max(dp_size), count(*) FROM decode_limits WHERE node = $node", {"node": node}
+    ).fetchone()
+    if not pool[1]:
+        return "temporal", "no pool snapshot for this decode node, so its pool cannot be replayed"
+    if rank is None and (pool[0] or 1) > 1:
+        return "temporal", "no dp_rank recorded and the node has several ranks"
+    return "allocator_replay", None
+
+
+def _replay(con, node: str, rank, members: list, method: str) -> tuple[list[tuple], str | None]:
+    """Replay one decode rank's pool and return exposure rows for its victims."""
+
+    victims = {m[0]: m for m in members}
+    timeline = con.execute(
+        """SELECT request_id, tenant_id, alloc_at, free_at, prompt_tokens, completion_tokens,
+                  source_table
+           FROM decode_timeline
+           WHERE node = $node AND (dp_rank = $rank OR ($rank IS NULL AND dp_rank IS NULL))
+             AND alloc_at IS NOT NULL
+           ORDER BY alloc_at, request_id""",
+        {"node": node, "rank": rank},
+    ).fetchall()
+    index = {row[0]: i for i, row in enumerate(timeline)}
+    limits = con.execute(
+        """SELECT observed_at, pool_tokens, page_size FROM decode_limits
+           WHERE node = $node ORDER BY observed_at""",
+        {"node": node},
+    ).fetchall()
+    # Events: (time, order, request). Pool (re)starts come first at their instant, then frees,
+    # then allocations, each in request-id order: the same order the engine log implies.
+    events: list[tuple] = [(at, 0, None, (pool, page)) for at, pool, page in limits]
+    logged_pages: dict[str, np.ndarray] = {}
+    if method == "allocation_log":
+        for rid, at, op, pages in _allocation_log(con, node, rank):
+            if op == "alloc":
+                logged_pages[rid] = pages
+                events.append((at, 2, rid, None))
+            else:
+                events.append((at, 1, rid, None))
+    else:
+        for rid, _t, alloc_at, free_at, *_ in timeline:
+            events.append((alloc_at, 2, rid, None))
+            if free_at is not None:
+                events.append((free_at, 1, rid, None))
+    events.sort(key=lambda e: (e[0], e[1], e[2] or ""))
+    pool: PagePool | None = None
+    page_size = 1
+    exposures: list[tuple] = []
+    shortfalls = 0
+    for _at, order, rid, payload in events:
+        if order == 0:
+            if pool is not None:
+                shortfalls += pool.shortfalls
+            pool_tokens, page_size = payload
+            pool = PagePool(pool_tokens // page_size)
+            continue
+        if pool is None:
+            continue  # activity before any snapshot of the pool: nothing to replay against
+        if order == 1:
+            pool.free(rid)
+            continue
+        if rid in logged_pages:
+            pages = pool.take(rid, logged_pages[rid])
+        elif rid in index:
+            row = timeline[index[rid]]
+            pages = pool.alloc(rid, _ceil_div(row[4] + row[5], page_size))
+        else:
+            continue
+        if rid not in index:
+            continue
+        i = index[rid]
+        row = timeline[i]
+        if rid in victims:
+            for writer, n in stale_read(pool, pages, i, row[4], row[5], page_size).items():
+                src = timeline[writer]
+                exposures.append((rid, victims[rid][1], src[0], src[1], method, n * page_size,
+                                  _confidence(method, row[6]), None, src[3]))
+        else:
+            pool.writer[pages] = i
+    if pool is not None:
+        shortfalls += pool.shortfalls
+    warning = None
+    if shortfalls:
+        warning = (f"{shortfalls} allocations did not fit the replayed pool; the logs are"
+                   " incomplete or the pool was not empty when they begin, so sources are"
+                   " approximate")
+    exposures.sort(key=lambda e: (e[0], -e[5], e[2]))
+    return exposures, warning
+
+
+def _confidence(method: str, source_table: str) -> str:
+    if method == "allocation_log":
+        return "exact"
+    return "high" if source_table == "engine_legs" else "medium"
+
+
+def _allocation_log(con, node: str, rank):
+    """(request, time, op, pages) per allocation-log event; pages ascending per allocation."""
+    import numpy as np
+
+    rows = con.execute(
+        """SELECT request_id, "at", op, list(first_page ORDER BY first_page),
+                  list(page_count ORDER BY first_page)
+           FROM kv_allocations
+           WHERE node = $node AND (dp_rank = $rank OR ($rank IS NULL AND dp_rank IS NULL))
+           GROUP BY request_id, "at", op""",
+        {"node": node, "rank": rank},
+    ).fetchall()
+    for rid, at, op, firsts, counts in rows:
+        pages = np.concatenate(
+            [np.arange(f, f + c, dtype=np.int64) for f, c in zip(firsts, counts, strict=True)]
+        ) if firsts else np.zeros(0, dtype=np.int64)
+        yield rid, at, op, pages
+
+
+def _temporal(con, victims: list[str], params: dict[str, Any]) -> None:
+    """Rank every request that released KV on the victim's node shortly before it."""
+    con.execute(
+        """INSERT INTO findings_exposures
+           SELECT v.request_id, v.tenant_id, c.request_id, c.tenant_id, 'temporal',
+                  c.prompt_tokens + c.completion_tokens, 'low',
+                  row_number() OVER (PARTITION BY v.request_id
+                                     ORDER BY c.free_at DESC, c.request_id),
+                  c.free_at, NULL, NULL
+           FROM decode_timeline v
+           JOIN decode_timeline c
+             ON c.node = v.node
+            AND (v.dp_rank IS NULL OR c.dp_rank IS NULL OR c.dp_rank = v.dp_rank)
+            AND c.free_at <= v.alloc_at
+            AND c.free_at >= v.alloc_at - to_microseconds(CAST($window_s * 1e6 AS BIGINT))
+            AND c.request_id <> v.request_id
+           WHERE v.request_id IN (SELECT unnest($victims))""",
+        {"victims": victims, "window_s": params["overlap_window_s"]},
+    )
+
+
+def _mark_excluded(con) -> None:
+    """Carry exclusion marks onto both ends of every exposure."""
+    con.execute(
+        """UPDATE findings_exposures x SET
+             recipient_excluded_by = (SELECT string_agg(exclusion, ',' ORDER BY exclusion)
+                                      FROM findings_excluded e
+                                      WHERE e.request_id = x.recipient_request_id),
+             source_excluded_by = (SELECT string_agg(exclusion, ',' ORDER BY exclusion)
+                                   FROM findings_excluded e
+                                   WHERE e.request_id = x.source_request_id)"""
+    )

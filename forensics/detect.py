@@ -1,0 +1,326 @@
+"""Detection: run the SQL detectors of ``queries/`` over a case and write the findings tables.
+
+Each detector is a ``.sql`` file with a ``.yml`` beside it (id, title, severity, description,
+parameters with defaults, output columns, and its own true/false-positive cases). A detector
+reads the working views of ``forensics/sql/prepare.sql`` and returns one row per flagged
+request: ``request_id, value, threshold, detail, evidence``. Parameters are bound as DuckDB
+named parameters; the description shown in reports is rendered from the same values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from forensics.errors import ForensicsError
+from forensics.paths import queries_dir
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from forensics.case import Case
+
+SIGNAL_COLUMNS = ["request_id", "value", "threshold", "detail", "evidence"]
+SQL_DIR = Path(__file__).resolve().parent / "sql"
+
+# Detection parameters that are not a single detector's: they shape verdicts and assessments.
+CASE_PARAMETERS = {
+    "long_prompt_tokens": 65536,  # token_mismatch on a prompt this long is "likely"
+}
+
+
+@dataclass(frozen=True)
+class Detector:
+    """One SQL detector and its metadata."""
+
+    id: str
+    title: str
+    severity: str
+    signal: str
+    description: str
+    parameters: dict[str, dict[str, Any]]
+    output_columns: list[str]
+    tests: list[dict[str, Any]]
+    sql: str
+    path: Path
+    stage: int = 1
+
+    def defaults(self) -> dict[str, Any]:
+        return {name: spec.get("default") for name, spec in self.parameters.items()}
+
+    def describe(self, params: dict[str, Any]) -> str:
+        """The description with this run's parameter values filled in.
+
+        >>> d = load_detectors()[0]
+        >>> "{" in d.describe(d.defaults())
+        False
+        """
+        shown = {k: _show(v) for k, v in params.items() if k in self.parameters}
+        return " ".join(self.description.format(**shown).split())
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "not set"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
+
+
+def load_detectors(folder: Path | None = None) -> list[Detector]:
+    """Every detector in ``queries/``, in run order (stage, then id)."""
+    import yaml
+
+    folder = folder or queries_dir()
+    detectors = []
+    for sql_path in sorted(folder.glob("*.sql")):
+        meta_path = sql_path.with_suffix(".yml")
+        if not meta_path.exists():
+            raise ForensicsError(f"{sql_path.name}: detector has no metadata file {meta_path.name}")
+        meta = yaml.safe_load(meta_path.read_text(encoding="utf-8"))
+        detectors.append(
+            Detector(
+                id=meta["id"],
+                title=meta["title"],
+                severity=meta["severity"],
+                signal=meta["signal"],
+                description=meta["description"],
+                parameters=meta.get("parameters") or {},
+                output_columns=meta["output_columns"],
+                tests=meta.get("tests") or [],
+                sql=sql_path.read_text(encoding="utf-8"),
+                path=sql_path,
+                stage=int(meta.get("stage", 1)),
+            )
+        )
+    return sorted(detectors, key=lambda d: (d.stage, d.id))
+
+
+def query_set_hash(folder: Path | None = None) -> str:
+    """sha256 over every detector file (name and bytes), so a report names the exact rules."""
+    folder = folder or queries_dir()
+    digest = hashlib.sha256()
+    for path in sorted(folder.glob("*.sql")) + sorted(folder.glob("*.yml")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def default_threshold(pool_tokens: int | None, context_length: int | None) -> int | None:
+    """SGLang's max_req_input_len for a pool: min(context - 1, pool - 1) - 5.
+
+    >>> default_threshold(681280, 1048576)
+    681274
+    >>> default_threshold(None, 1048576) is None
+    True
+    """
+    if pool_tokens is None:
+        return None
+    limit = pool_tokens - 1
+    if context_length is not None:
+        limit = min(context_length - 1, limit)
+    return limit - 5
+
+
+def case_parameters(case: Case) -> dict[str, Any]:
+    """Every detection parameter for this case: detector defaults overridden by the manifest."""
+    params: dict[str, Any] = {}
+    for det in load_detectors():
+        params.update(det.defaults())
+    params.update(CASE_PARAMETERS)
+    det_cfg = case.detection
+    params["latency_factor"] = det_cfg.latency_factor
+    params["context_length"] = case.context_length
+    params["default_threshold_tokens"] = default_threshold(
+        det_cfg.default_pool_tokens, case.context_length
+    )
+    params["default_pool_tokens"] = det_cfg.default_pool_tokens
+    params["default_page_size"] = det_cfg.default_page_size
+    params["overlap_window_s"] = det_cfg.overlap_window.total_seconds()
+    return params
+
+
+def prepare(
+    con: duckdb.DuckDBPyConnection,
+    params: dict[str, Any],
+    *,
+    model: str | None = None,
+    start: datetime | None = None,
+    end: datetime | None = None,
+) -> None:
+    """Create the working views every detector reads (see ``sql/prepare.sql``)."""
+    con.execute(
+        """CREATE OR REPLACE TEMP TABLE detect_params AS SELECT
+             $model::VARCHAR AS model, $start::TIMESTAMPTZ AS start_at,
+             $end::TIMESTAMPTZ AS end_at, $context_length::BIGINT AS context_length,
+             $page::BIGINT AS default_page_size""",
+        {
+            "model": model,
+            "start": start,
+            "end": end,
+            "context_length": params.get("context_length"),
+            "page": params.get("default_page_size") or 1,
+        },
+    )
+    for statement in _statements(SQL_DIR / "prepare.sql"):
+        con.execute(statement)
+
+
+def _statements(path: Path) -> list[str]:
+    """The statements of a SQL file (split on ';' at line ends; our files keep to that)."""
+    text = "\n".join(
+        line for line in path.read_text(encoding="utf-8").splitlines()
+        if not line.strip().startswith("--")
+    )
+    return [s.strip() for s in text.split(";\n") if s.strip().rstrip(";").strip()]
+
+
+def bind(det: Detector, params: dict[str, Any]) -> dict[str, Any]:
+    """The named parameters one detector's SQL uses, from the run's parameter set."""
+    return {name: params.get(name, spec.get("default")) for name, spec in det.parameters.items()}
+
+
+def run_detector(con: duckdb.DuckDBPyConnection, det: Detector, params: dict[str, Any]):
+    """Run one detector; returns its result as a DuckDB relation-backed Arrow table."""
+    return con.sql(det.sql.rstrip().rstrip(";"), params=bind(det, params)).to_arrow_table()
+
+
+@dataclass
+class DetectSummary:
+    """What one detection run found."""
+
+    hits: dict[str, int]
+    verdicts: dict[str, int]
+    affected: int  # confirmed + likely
+    exposures: int
+    warnings: list[str] = field(default_factory=list)
+
+
+def run_detectors(
+    con: duckdb.DuckDBPyConnection, params: dict[str, Any], detectors: list[Detector] | None = None
+) -> dict[str, int]:
+    """Run every detector, filling findings_signals and findings_detectors; returns hits."""
+    from forensics.schema import FINDINGS_DDL
+
+    detectors = detectors if detectors is not None else load_detectors()
+    con.execute(FINDINGS_DDL["findings_signals"])
+    con.execute(FINDINGS_DDL["findings_detectors"])
+    hits: dict[str, int] = {}
+    for ordinal, det in enumerate(detectors):
+        result = run_detector(con, det, params)  # noqa: F841 - read by the SQL below
+        con.execute(
+            """INSERT INTO findings_signals
+               SELECT request_id, $signal, $id, value, threshold, detail, evidence FROM result""",
+            {"signal": det.signal, "id": det.id},
+        )
+        # Later stages (the latency fit) must not learn from what earlier ones flagged.
+        con.execute("INSERT INTO detect_flagged SELECT request_id FROM result")
+        hits[det.id] = result.num_rows
+        con.execute(
+            "INSERT INTO findings_detectors VALUES ($id, $title, $sev, $desc, $params, $hits, $o)",
+            {
+                "id": det.id,
+                "title": det.title,
+                "sev": det.severity,
+                "desc": det.describe(bind(det, params)),
+                "params": json.dumps(bind(det, params), sort_keys=True),
+                "hits": result.num_rows,
+                "o": ordinal,
+            },
+        )
+    return hits
+
+
+def assign_verdicts(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) -> dict[str, int]:
+    """Turn signals into one verdict per request (findings_affected); returns counts."""
+    for statement in _statements(SQL_DIR / "verdicts.sql"):
+        con.execute(statement, {"long_prompt_tokens": params["long_prompt_tokens"]})
+    rows = con.execute(
+        "SELECT verdict, count(*) FROM findings_affected GROUP BY verdict"
+    ).fetchall()
+    return {"confirmed": 0, "likely": 0, "possible": 0} | dict(rows)
+
+
+def detect_case(con: duckdb.DuckDBPyConnection, case: Case) -> DetectSummary:
+    """Run detection end to end on a loaded case and (re)write every findings table.
+
+    Signals and verdicts, exclusion marks, source attribution, the exploitation assessment and
+    log coverage. Findings are replaced whole, so they always match the evidence loaded now.
+    """
+    from forensics import attribution, coverage, exclusions, exploitation
+    from forensics.schema import FINDINGS_DDL
+
+    for ddl in FINDINGS_DDL.values():
+        con.execute(ddl)
+    params = case_parameters(case)
+    prepare(con, params, model=case.model, start=case.start, end=case.end)
+    warnings = evidence_warnings(con, params)
+    hits = run_detectors(con, params)
+    verdicts = assign_verdicts(con, params)
+    exclusions.mark_exclusions(con, case.exclusions)
+    attributed = attribution.attribute(con, params)
+    warnings += attributed.warnings
+    exploitation.assess(con, params)
+    coverage.assess(con, params)
+    for code, message in warnings:
+        con.execute("INSERT INTO findings_warnings VALUES ($c, $m)", {"c": code, "m": message})
+    case_values = {
+        "query_set_hash": query_set_hash(),
+        "attribution_methods": attributed.methods,
+        "window": {
+            "start": case.start.isoformat().replace("+00:00", "Z") if case.start else None,
+            "end": case.end.isoformat().replace("+00:00", "Z") if case.end else None,
+        },
+        "parameters": {k: params[k] for k in sorted(params)},
+    }
+    for key, value in case_values.items():
+        con.execute(
+            "INSERT INTO findings_case VALUES ($k, $v)",
+            {"k": key, "v": json.dumps(value, sort_keys=True)},
+        )
+    return DetectSummary(
+        hits=hits,
+        verdicts=verdicts,
+        affected=verdicts["confirmed"] + verdicts["likely"],
+        exposures=con.execute("SELECT count(*) FROM findings_exposures").fetchone()[0],
+        warnings=[m for _, m in warnings],
+    )
+
+
+def evidence_warnings(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) -> list[tuple]:
+    """Say which evidence is missing and what detection falls back to without it."""
+    count = {
+        t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]  # noqa: S608 - fixed names
+        for t in ("requests", "engine_legs", "pool_snapshots", "kv_allocations")
+    }
+    out = []
+    if count["requests"] == 0:
+        out.append(("no_requests", "No client requests are loaded: nothing can be judged."))
+    if count["pool_snapshots"] == 0:
+        if params.get("default_threshold_tokens") is None:
+            out.append(("no_pool_limit", "No pool snapshots and no [detection].default_pool_tokens:"
+                        " over_pool only sees limits logged in prefill rejection messages."))
+        else:
+            out.append(("no_pool_snapshots", "No pool snapshots: over_pool uses the limit implied"
+                        f" by default_pool_tokens ({params['default_threshold_tokens']:,} tokens)"
+                        " for every prefill node."))
+    if count["engine_legs"] == 0:
+        out.append(("no_engine_legs", "No engine legs: prefill_rejected and token_mismatch cannot"
+                    " fire, verdicts rest on over_pool and latency alone."))
+    if count["requests"]:
+        missing = con.execute(
+            """SELECT count(*) FILTER (WHERE prefill_node IS NULL),
+                      count(*) FILTER (WHERE decode_node IS NULL), count(*)
+               FROM scoped_requests"""
+        ).fetchone()
+        if missing[0]:
+            out.append(("no_prefill_node", f"{missing[0]:,} of {missing[2]:,} requests have no"
+                        " prefill_node: the smallest prefill limit in force is applied to them."))
+        if missing[1]:
+            out.append(("no_decode_node", f"{missing[1]:,} of {missing[2]:,} requests have no"
+                        " decode_node: their decode pool is assumed to fit and their sources"
+                        " cannot be attributed to a node."))
+    return out

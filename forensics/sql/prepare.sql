@@ -1,0 +1,89 @@
+-- Working views and tables every detector reads. Run once per detection, after
+-- detect_params has been filled (one row, bound parameters, never string formatting).
+
+-- Requests in scope: the incident window and model of the manifest. A request with no model
+-- stays in scope: we cannot tell it was another model's.
+CREATE OR REPLACE TEMP VIEW scoped_requests AS
+SELECT r.*
+FROM requests r, detect_params p
+WHERE (p.model IS NULL OR r.model IS NULL OR r.model = p.model)
+  AND (p.start_at IS NULL OR r.received_at >= p.start_at)
+  AND (p.end_at IS NULL OR r.received_at <= p.end_at);
+
+-- Prefill limits: one row per change of a prefill node's max_req_input_len, in force from
+-- observed_at until the node's next row. Snapshot rows with no role count for both sides.
+-- max_req_input_len falls back to SGLang's rule min(context-1, pool-1) - 5 when not reported.
+CREATE OR REPLACE TEMP TABLE prefill_limits AS
+WITH snap AS (
+  SELECT s.node, s.observed_at, s.max_total_num_tokens AS pool_tokens,
+         coalesce(s.context_length, p.context_length) AS context_length,
+         coalesce(s.max_req_input_len,
+                  least(coalesce(s.context_length, p.context_length) - 1,
+                        s.max_total_num_tokens - 1) - 5) AS threshold_tokens,
+         'pool_snapshots' AS source_table, s.evidence_id, s.source_row
+  FROM pool_snapshots s, detect_params p
+  WHERE coalesce(s.role, 'prefill') IN ('prefill', 'unified')
+),
+-- Nodes with no snapshot at all still tell us their limit in each rejection they log.
+logged AS (
+  SELECT l.node, l.started_at AS observed_at, NULL::BIGINT AS pool_tokens,
+         p.context_length,
+         TRY_CAST(regexp_extract(l.error, 'maximum allowed length \((\d+) tokens\)', 1) AS BIGINT)
+           AS threshold_tokens,
+         'engine_legs' AS source_table, l.evidence_id, l.source_row
+  FROM engine_legs l, detect_params p
+  WHERE l.role IN ('prefill', 'unified') AND l.error LIKE '%maximum allowed length (%'
+    AND l.node NOT IN (SELECT node FROM snap)
+),
+allrows AS (
+  SELECT * FROM snap UNION ALL SELECT * FROM logged WHERE threshold_tokens IS NOT NULL
+),
+ordered AS (
+  SELECT *, lag(threshold_tokens) OVER (PARTITION BY node ORDER BY observed_at, source_row)
+              AS previous_threshold
+  FROM allrows
+)
+SELECT node, observed_at, pool_tokens, context_length, threshold_tokens, source_table,
+       evidence_id, source_row
+FROM ordered
+WHERE previous_threshold IS NULL OR previous_threshold <> threshold_tokens;
+
+-- The smallest limit in force on any prefill node at each change point: used for requests
+-- whose prefill node is not recorded (the conservative reading keeps recall).
+CREATE OR REPLACE TEMP TABLE prefill_limits_any AS
+WITH times AS (SELECT DISTINCT observed_at FROM prefill_limits),
+nodes AS (SELECT DISTINCT node FROM prefill_limits),
+grid AS (SELECT t.observed_at, n.node FROM times t CROSS JOIN nodes n)
+SELECT g.observed_at, min(l.threshold_tokens) AS threshold_tokens,
+       max(l.context_length) AS context_length
+FROM grid g ASOF JOIN prefill_limits l ON g.node = l.node AND g.observed_at >= l.observed_at
+GROUP BY g.observed_at;
+
+-- Decode pools (per data-parallel rank), change points only.
+CREATE OR REPLACE TEMP TABLE decode_limits AS
+WITH snap AS (
+  SELECT s.node, s.observed_at, s.max_total_num_tokens AS pool_tokens,
+         coalesce(s.page_size, p.default_page_size) AS page_size, s.dp_size,
+         s.evidence_id, s.source_row,
+         lag(s.max_total_num_tokens) OVER w AS previous_pool,
+         lag(coalesce(s.page_size, p.default_page_size)) OVER w AS previous_page
+  FROM pool_snapshots s, detect_params p
+  WHERE coalesce(s.role, 'decode') IN ('decode', 'unified')
+  WINDOW w AS (PARTITION BY s.node ORDER BY s.observed_at, s.source_row)
+)
+SELECT node, observed_at, pool_tokens, page_size, dp_size, evidence_id, source_row
+FROM snap
+WHERE previous_pool IS NULL OR previous_pool <> pool_tokens OR previous_page <> page_size;
+
+-- Engine legs matched to the client request they belong to: by request id, else by the PD
+-- bootstrap room (prefill and decode may log different rids for one request).
+CREATE OR REPLACE TEMP TABLE matched_legs AS
+SELECT r.request_id AS client_request_id, l.*
+FROM engine_legs l JOIN requests r ON l.request_id = r.request_id
+UNION ALL
+SELECT r.request_id AS client_request_id, l.*
+FROM engine_legs l JOIN requests r ON l.bootstrap_room = r.bootstrap_room
+WHERE l.bootstrap_room IS NOT NULL
+  AND l.request_id NOT IN (SELECT request_id FROM requests);
+
+CREATE OR REPLACE TEMP TABLE detect_flagged (request_id VARCHAR);

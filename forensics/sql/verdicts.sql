@@ -1,0 +1,31 @@
+-- Verdicts: one row per request with any signal.
+--   confirmed: prefill_rejected, or over_pool with any other signal
+--   likely:    over_pool alone, or token_mismatch on a long prompt
+--   possible:  anything else (latency alone, a mismatch on a short prompt)
+CREATE OR REPLACE TABLE findings_affected AS
+WITH per_request AS (
+  SELECT request_id,
+         list(DISTINCT signal ORDER BY signal) AS signals,
+         max(threshold) FILTER (WHERE signal = 'over_pool') AS pool_threshold,
+         max(threshold) FILTER (WHERE signal = 'prefill_rejected') AS logged_threshold,
+         flatten(list(CAST(evidence AS STRUCT("table" VARCHAR, evidence_id INTEGER,
+                                               source_row BIGINT)[]))) AS evidence
+  FROM findings_signals
+  GROUP BY request_id
+)
+SELECT r.request_id, r.tenant_id, r.received_at, r.prompt_tokens,
+       coalesce(p.pool_threshold, p.logged_threshold)::BIGINT AS threshold_tokens,
+       CASE
+         WHEN list_contains(p.signals, 'prefill_rejected') THEN 'confirmed'
+         WHEN list_contains(p.signals, 'over_pool') AND len(p.signals) > 1 THEN 'confirmed'
+         WHEN list_contains(p.signals, 'over_pool') THEN 'likely'
+         WHEN list_contains(p.signals, 'token_mismatch')
+              AND r.prompt_tokens >= $long_prompt_tokens THEN 'likely'
+         ELSE 'possible'
+       END AS verdict,
+       array_to_string(p.signals, ',') AS signals,
+       r.model, r.prefill_node, r.decode_node, r.dp_rank,
+       NULL::VARCHAR AS excluded_by,
+       to_json(list_distinct(p.evidence)) AS evidence
+FROM per_request p JOIN requests r USING (request_id)
+ORDER BY r.received_at, r.request_id;

@@ -1,0 +1,51 @@
+-- latency_too_good: time to first token far below what a prompt of that length costs.
+-- The expected TTFT is fitted per model from the case's own traffic not flagged by the other
+-- detectors: median log TTFT against median log prompt length in half-octave bins, a straight
+-- line in log-log space. Prefill cost grows at least linearly with length, so the slope is
+-- floored at 1; that keeps the extrapolation to very long prompts (all of them flagged, none
+-- left to train on) from under-estimating the cost.
+WITH observed AS (
+  SELECT r.request_id, coalesce(r.model, '') AS model, r.prompt_tokens,
+         coalesce(r.ttft_ms,
+                  date_diff('microsecond', r.received_at, r.first_token_at) / 1000.0) AS ttft_ms,
+         r.evidence_id, r.source_row
+  FROM scoped_requests r
+  WHERE r.http_status BETWEEN 200 AND 299 AND r.prompt_tokens > 0
+),
+training AS (
+  SELECT * FROM observed
+  WHERE ttft_ms > 0 AND prompt_tokens >= $fit_min_prompt_tokens
+    AND request_id NOT IN (SELECT request_id FROM detect_flagged)
+),
+bins AS (
+  SELECT model, floor(log2(prompt_tokens) * 2) AS bin,
+         median(ln(prompt_tokens)) AS log_tokens, median(ln(ttft_ms)) AS log_ttft
+  FROM training
+  GROUP BY model, bin
+  HAVING count(*) >= $min_bin_requests
+),
+fit AS (
+  SELECT model, greatest(regr_slope(log_ttft, log_tokens), 1.0) AS slope,
+         avg(log_ttft) AS mean_y, avg(log_tokens) AS mean_x, count(*) AS bins
+  FROM bins
+  GROUP BY model
+  HAVING count(*) >= 2
+),
+judged AS (
+  SELECT o.*, exp(f.mean_y + f.slope * (ln(o.prompt_tokens) - f.mean_x)) AS expected_ms,
+         f.slope, f.bins
+  FROM observed o JOIN fit f USING (model)
+  WHERE o.prompt_tokens >= $min_prompt_tokens AND o.ttft_ms IS NOT NULL
+)
+SELECT
+  request_id,
+  ttft_ms AS value,
+  $latency_factor * expected_ms AS threshold,
+  format('TTFT {} ms for {} prompt tokens; expected about {} ms (fit slope {}, {} bins)',
+         round(ttft_ms, 1), prompt_tokens, round(expected_ms, 0), round(slope, 2), bins)
+    AS detail,
+  to_json([{'table': 'requests', 'evidence_id': evidence_id, 'source_row': source_row}])
+    AS evidence
+FROM judged
+WHERE ttft_ms < $latency_factor * expected_ms
+ORDER BY request_id;
