@@ -1,7 +1,7 @@
 -- Log coverage: what each side's evidence spans, where it has holes, and which requests one
 -- side saw and the other did not. Conclusions are only as good as this table.
 CREATE OR REPLACE TEMP TABLE coverage_series AS
-SELECT 'requests' AS scope, NULL::VARCHAR AS node, received_at AS at FROM scoped_requests
+SELECT 'requests' AS scope, NULL::VARCHAR AS node, received_at AS "at" FROM scoped_requests
 UNION ALL
 SELECT 'engine_legs', l.role || ':' || l.node, l.started_at
 FROM engine_legs l, detect_params p
@@ -10,12 +10,12 @@ WHERE (p.start_at IS NULL OR l.started_at >= p.start_at)
 
 INSERT INTO findings_coverage
 WITH gaps AS (
-  SELECT scope, node, at,
-         date_diff('millisecond', lag(at) OVER (PARTITION BY scope, node ORDER BY at), at)
+  SELECT scope, node, "at",
+         date_diff('millisecond', lag("at") OVER (PARTITION BY scope, node ORDER BY "at"), "at")
            / 1000.0 AS gap_s
   FROM coverage_series
 )
-SELECT scope, node, count(*), min(at), max(at),
+SELECT scope, node, count(*), min("at"), max("at"),
        count(*) FILTER (WHERE gap_s > $gap_s),
        coalesce(max(gap_s), 0),
        format('{} rows; gaps longer than {} s: {}', count(*), $gap_s,
