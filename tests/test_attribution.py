@@ -36,7 +36,8 @@ def _request(rid, tenant, prompt, start, end, **kw):
 
 def _legs(rid, prompt, start, end, victim=False):
     prefill = {"request_id": rid, "role": "prefill", "node": "p0", "started_at": _t(start),
-               "input_tokens": 1 if victim else prompt, "transferred_tokens": 1 if victim else prompt}
+               "input_tokens": 1 if victim else prompt,
+               "transferred_tokens": 1 if victim else prompt}
     if victim:
         prefill["error"] = REJECT
     decode = {"request_id": rid, "role": "decode", "node": "d0", "dp_rank": 0,
