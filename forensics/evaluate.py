@@ -1,0 +1,107 @@
+"""Compare a case's findings with a simulator's ground truth (``truth/`` of a simulated case).
+
+This is how we know the detectors work: recall and precision of affected responses, exact
+agreement of exclusions, and precision/recall of source attribution, on cases where the answer
+is known because the simulator produced it.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import duckdb
+
+
+@dataclass
+class Score:
+    true_positive: int
+    false_positive: int
+    false_negative: int
+
+    @property
+    def precision(self) -> float:
+        found = self.true_positive + self.false_positive
+        return self.true_positive / found if found else 1.0
+
+    @property
+    def recall(self) -> float:
+        real = self.true_positive + self.false_negative
+        return self.true_positive / real if real else 1.0
+
+    def __str__(self) -> str:
+        return (f"precision {self.precision:.3f} recall {self.recall:.3f} "
+                f"(tp {self.true_positive}, fp {self.false_positive}, fn {self.false_negative})")
+
+
+def score(found: set, truth: set) -> Score:
+    """Set comparison.
+
+    >>> str(score({1, 2, 3}, {2, 3, 4}))
+    'precision 0.667 recall 0.667 (tp 2, fp 1, fn 1)'
+    """
+    return Score(len(found & truth), len(found - truth), len(truth - found))
+
+
+@dataclass
+class Evaluation:
+    affected: Score  # confirmed + likely against truth/affected.csv
+    possible_unaffected: int  # "possible" verdicts on unaffected requests (review load)
+    exclusions_exact: bool
+    exclusion_mismatches: list[tuple]
+    source_pairs: Score  # (recipient request, source tenant) pairs
+    source_tenants: Score  # the set of tenants whose data leaked
+    methods: dict[str, int]
+
+    def lines(self) -> list[str]:
+        return [
+            f"affected responses: {self.affected}",
+            f"'possible' verdicts on unaffected requests: {self.possible_unaffected}",
+            f"exclusions exact: {self.exclusions_exact}",
+            f"source tenants per response: {self.source_pairs}",
+            f"source tenants overall: {self.source_tenants}",
+            f"attribution methods: {self.methods}",
+        ]
+
+
+def _read(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+def evaluate(con: duckdb.DuckDBPyConnection, truth_dir: Path) -> Evaluation:
+    """Score the findings in ``con`` against ``truth_dir`` (affected.csv, exposures.csv)."""
+    truth_affected = {r["request_id"]: r for r in _read(truth_dir / "affected.csv")}
+    truth_exposures = _read(truth_dir / "exposures.csv")
+    verdicts = dict(con.execute(
+        "SELECT request_id, verdict FROM findings_affected").fetchall())
+    notified = {rid for rid, v in verdicts.items() if v in ("confirmed", "likely")}
+    possible_unaffected = sum(
+        1 for rid, v in verdicts.items() if v == "possible" and rid not in truth_affected
+    )
+    found_excl = dict(con.execute(
+        "SELECT request_id, coalesce(excluded_by, '') FROM findings_affected"
+        " WHERE verdict IN ('confirmed', 'likely')").fetchall())
+    mismatches = [
+        (rid, row["excluded_by"], found_excl.get(rid))
+        for rid, row in sorted(truth_affected.items())
+        if rid in found_excl and (row["excluded_by"] or "") != found_excl[rid]
+    ]
+    found_pairs = set(con.execute(
+        "SELECT DISTINCT recipient_request_id, source_tenant_id FROM findings_exposures"
+    ).fetchall())
+    true_pairs = {(r["recipient_request_id"], r["source_tenant_id"]) for r in truth_exposures}
+    methods = dict(con.execute(
+        "SELECT method, count(*) FROM findings_exposures GROUP BY method").fetchall())
+    return Evaluation(
+        affected=score(notified, set(truth_affected)),
+        possible_unaffected=possible_unaffected,
+        exclusions_exact=not mismatches,
+        exclusion_mismatches=mismatches,
+        source_pairs=score(found_pairs, true_pairs),
+        source_tenants=score({p[1] for p in found_pairs}, {p[1] for p in true_pairs}),
+        methods=methods,
+    )
