@@ -1,0 +1,127 @@
+"""``forensics report`` and ``forensics run``."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from forensics.cli import app, handle_errors
+from forensics.errors import ForensicsError
+
+CASE_ARG = typer.Argument(..., help="The case manifest (case.toml).")
+OUT_OPT = typer.Option(None, "--out", help="Output folder (default: report/ beside the manifest).")
+AS_OF_OPT = typer.Option(
+    None, "--as-of", help="Report time, RFC 3339 (default: the manifest's as_of or end)."
+)
+
+
+def _as_of(value: str | None) -> datetime | None:
+    from forensics.case import parse_instant
+
+    if value is None:
+        return None
+    try:
+        return parse_instant(value)
+    except ValueError as exc:
+        raise typer.BadParameter(f"not an RFC 3339 timestamp: {value!r} ({exc})") from None
+
+
+def _open(case_path: Path):
+    from forensics.case import load_case
+    from forensics.db import connect
+
+    case = load_case(case_path)
+    if not case.database.exists():
+        raise ForensicsError(
+            f"{case.database}: no case database yet; run `forensics run {case_path}` first"
+        )
+    return case, connect(case.database)
+
+
+def _print_result(console, result) -> None:
+    s = result.summary
+    console.print(
+        f"Affected responses: {s['affected']:,} ({s['confirmed']:,} confirmed, "
+        f"{s['likely']:,} likely; {s['affected_excluded']:,} to excluded traffic, "
+        f"{s['possible']:,} possible to review)"
+    )
+    console.print(f"Recipient tenants: {s['recipients']:,}   Source tenants: {s['sources']:,}")
+    console.print(f"Exploitation: {s['conclusion']}", markup=False)
+    for message in result.messages:
+        console.print(f"[yellow]note:[/yellow] {message}")
+    console.print(f"Wrote {len(result.files)} files to {result.out_dir}:", markup=False)
+    for path in result.files:
+        console.print(f"  {path}", markup=False, highlight=False)
+
+
+@app.command()
+@handle_errors
+def report(
+    case_path: Path = CASE_ARG,
+    out: Path | None = OUT_OPT,
+    redact: bool = typer.Option(
+        False, "--redact", help="Replace tenant ids by keyed pseudonyms; notices are skipped."
+    ),
+    redact_key: str | None = typer.Option(
+        None, "--redact-key", help="Pseudonym key (default: $FORENSICS_REDACT_KEY)."
+    ),
+    as_of: str | None = AS_OF_OPT,
+) -> None:
+    """Render the report, CSVs, customer notices and manifest from a case's findings."""
+    from rich.console import Console
+
+    from forensics.report import write_report
+
+    when = _as_of(as_of)
+    case, con = _open(case_path)
+    result = write_report(
+        con, case, out or case.folder / "report", as_of=when, redact=redact, redact_key=redact_key
+    )
+    _print_result(Console(), result)
+
+
+@app.command()
+@handle_errors
+def run(case_path: Path = CASE_ARG, out: Path | None = OUT_OPT, as_of: str | None = AS_OF_OPT):
+    """Ingest every evidence entry, run detection and write the report outputs."""
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from forensics.case import load_case
+    from forensics.db import connect
+    from forensics.detect import detect_case
+    from forensics.ingest import ingest_case
+    from forensics.report import write_report
+    from forensics.scope import scope_case
+
+    when = _as_of(as_of)
+    case = load_case(case_path)
+    console = Console()
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("Ingesting evidence", total=None)
+
+        def progress(*args: Any, **kwargs: Any) -> None:
+            # Ingest reports what it is reading; show the latest thing it named.
+            what = args[0] if args else next(iter(kwargs.values()), "")
+            bar.update(task, description=f"Ingesting {what}")
+
+        ingested = ingest_case(case, progress=progress)
+        bar.update(task, description="Running detectors")
+        con = connect(case.database)
+        detected = detect_case(con, case)
+        bar.update(task, description="Scoping notifications")
+        scope = scope_case(con, case)
+        bar.update(task, description="Writing the report")
+        result = write_report(con, case, out or case.folder / "report", as_of=when, scope=scope)
+    console.print(
+        f"Ingested {len(ingested.files):,} files ({len(ingested.errors):,} with errors); "
+        f"detection: {detected.affected:,} affected, {detected.exposures:,} exposures, "
+        f"{len(detected.warnings):,} warnings."
+    )
+    for error in ingested.errors:
+        console.print(f"[yellow]ingest:[/yellow] {error}", highlight=False)
+    _print_result(console, result)

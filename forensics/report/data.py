@@ -1,0 +1,381 @@
+"""Read everything the outputs need from the case database, once, in stable orders.
+
+Every list here is sorted on a total key so the same database always renders the same bytes.
+Tenant ids pass through a :class:`~forensics.report.redact.Redactor` on the way in, so the
+templates and CSV writers never see a raw id in a redacted report.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from forensics.report.redact import Redactor
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from forensics.case import Case
+
+VERDICT_ORDER = {"confirmed": 0, "likely": 1, "possible": 2}
+NOTIFIED = ("confirmed", "likely")
+
+
+def utc(value: Any) -> datetime | None:
+    """An aware UTC datetime from a DuckDB value or ISO string (None stays None)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        if text.endswith(("Z", "z")):
+            text = text[:-1] + "+00:00"
+        value = datetime.fromisoformat(text)
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
+
+
+def iso(value: Any) -> str:
+    """UTC ISO 8601 with ``Z``; sub-second digits only when present; ``""`` for None.
+
+    >>> iso(datetime(2026, 9, 8, 14, 2, tzinfo=UTC))
+    '2026-09-08T14:02:00Z'
+    >>> iso("2026-09-08T16:02:00.250+02:00")
+    '2026-09-08T14:02:00.25Z'
+    """
+    dt = utc(value)
+    if dt is None:
+        return ""
+    text = dt.strftime("%Y-%m-%dT%H:%M:%S")
+    if dt.microsecond:
+        text += f".{dt.microsecond:06d}".rstrip("0")
+    return text + "Z"
+
+
+def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) -> list[dict]:
+    cur = con.execute(sql, params or [])
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+
+def _json(value: Any, default: Any) -> Any:
+    if value is None:
+        return default
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+@dataclass
+class ReportData:
+    """Everything a report output shows, already redacted where asked.
+
+    Attributes mirror the findings tables; see :func:`load_report_data`.
+    """
+
+    case_id: str
+    title: str
+    generated_at: datetime
+    redacted: bool
+    affected: list[dict]
+    exposures: list[dict]
+    notifications: list[dict]
+    detectors: list[dict]
+    exclusions: list[dict]
+    exploitation: list[dict]
+    coverage: list[dict]
+    warnings: list[dict]
+    evidence: list[dict]
+    timeline: list[dict]
+    case_facts: dict[str, Any]
+    attribution_methods: dict[str, int]
+    window: dict[str, str]
+    exploitation_summary: dict[str, Any]
+    summary: dict[str, Any] = field(default_factory=dict)
+    nodes: list[str] = field(default_factory=list)
+
+
+def all_tenant_ids(con: duckdb.DuckDBPyConnection) -> set[str]:
+    """Every tenant id the case mentions anywhere a report could show it."""
+    sql = """
+    SELECT tenant_id FROM requests UNION SELECT tenant_id FROM tenants
+    UNION SELECT tenant_id FROM findings_affected
+    UNION SELECT recipient_tenant_id FROM findings_exposures
+    UNION SELECT source_tenant_id FROM findings_exposures
+    UNION SELECT tenant_id FROM findings_excluded
+    UNION SELECT tenant_id FROM findings_exploitation
+    UNION SELECT tenant_id FROM findings_notifications
+    """
+    return {r[0] for r in con.execute(sql).fetchall() if r[0] is not None}
+
+
+def generation_time(
+    con: duckdb.DuckDBPyConnection, case: Case, as_of: datetime | None
+) -> datetime | None:
+    """The report's "as of" time: the flag, the manifest's as_of or end, else the evidence.
+
+    Never the wall clock: the same case must render the same bytes tomorrow.
+    """
+    for candidate in (as_of, case.as_of, case.end):
+        if candidate is not None:
+            return utc(candidate)
+    row = con.execute(
+        "SELECT greatest(max(last_at), (SELECT max(received_at) FROM findings_affected)) "
+        "FROM evidence"
+    ).fetchone()
+    return utc(row[0]) if row and row[0] is not None else None
+
+
+def _display_path(path: str, folder: Path) -> str:
+    # Paths relative to the manifest keep the manifest.json identical across checkouts.
+    try:
+        return Path(path).resolve().relative_to(folder.resolve()).as_posix()
+    except ValueError:
+        return Path(path).as_posix()
+
+
+def load_report_data(
+    con: duckdb.DuckDBPyConnection, case: Case, generated_at: datetime, red: Redactor
+) -> ReportData:
+    """Read the findings, evidence and case facts into one :class:`ReportData`.
+
+    Args:
+        con: the case database (findings and ``findings_notifications`` present).
+        case: the case manifest.
+        generated_at: the report's as-of time (UTC).
+        red: the redactor applied to every tenant id and free-text field.
+
+    Returns:
+        The report data, lists sorted on total keys.
+    """
+    t, tx = red.tenant, red.text
+
+    affected = _rows(
+        con,
+        """SELECT request_id, tenant_id, received_at, prompt_tokens, threshold_tokens, verdict,
+                  signals, excluded_by, model, prefill_node, decode_node, dp_rank
+           FROM findings_affected ORDER BY received_at, request_id""",
+    )
+    for a in affected:
+        a["tenant_id"] = t(a["tenant_id"])
+        a["received_at"] = utc(a["received_at"])
+
+    exposures = _rows(
+        con,
+        """SELECT e.recipient_request_id, e.recipient_tenant_id, e.source_request_id,
+                  e.source_tenant_id, e.method, e.tokens, e.confidence, e.rank,
+                  e.recipient_excluded_by, e.source_excluded_by, a.received_at AS recipient_at
+           FROM findings_exposures e
+           LEFT JOIN (SELECT request_id, min(received_at) AS received_at
+                      FROM findings_affected GROUP BY request_id) a
+             ON a.request_id = e.recipient_request_id
+           ORDER BY a.received_at NULLS LAST, e.recipient_request_id, e.method,
+                    e.rank NULLS LAST, e.source_request_id, e.source_tenant_id, e.tokens""",
+    )
+    for e in exposures:
+        e["recipient_tenant_id"] = t(e["recipient_tenant_id"])
+        e["source_tenant_id"] = t(e["source_tenant_id"])
+
+    notifications = _rows(
+        con,
+        """SELECT tenant_id, role, responses, first_at, last_at, confidence
+           FROM findings_notifications""",
+    )
+    for n in notifications:
+        n["tenant_id"] = t(n["tenant_id"])
+    # Sort after redaction: pseudonyms must not leak the order of the real ids.
+    notifications.sort(key=lambda n: (n["tenant_id"], n["role"]))
+
+    detectors = _rows(
+        con,
+        """SELECT detector_id, title, severity, description, parameters, hits
+           FROM findings_detectors ORDER BY ordinal NULLS LAST, detector_id""",
+    )
+    for d in detectors:
+        params = _json(d["parameters"], {})
+        d["parameters"] = {k: params[k] for k in sorted(params)} if isinstance(params, dict) else {}
+        d["description"] = tx(d["description"])
+        d["hits"] = d["hits"] or 0
+
+    exclusions = _rows(
+        con,
+        """SELECT name, reason, rule, requests_matched, affected_matched, tenants_matched
+           FROM findings_exclusions ORDER BY ordinal NULLS LAST, name""",
+    )
+    for x in exclusions:
+        x["rule"] = tx(x["rule"])
+        x["reason"] = tx(x["reason"])
+
+    exploitation = _rows(
+        con,
+        """SELECT tenant_id, score, level, reasons, over_threshold_attempts,
+                  affected_responses, excluded_by
+           FROM findings_exploitation""",
+    )
+    for x in exploitation:
+        x["tenant_id"] = t(x["tenant_id"])
+        reasons = _json(x["reasons"], [])
+        x["reasons"] = [tx(str(r)) for r in (reasons if isinstance(reasons, list) else [reasons])]
+        x["score"] = float(x["score"] or 0.0)
+    exploitation.sort(key=lambda x: (-x["score"], x["tenant_id"] or ""))
+
+    coverage = _rows(
+        con,
+        """SELECT scope, node, rows, first_at, last_at, gap_count, largest_gap_s, detail
+           FROM findings_coverage ORDER BY scope, node NULLS FIRST, first_at""",
+    )
+    for c in coverage:
+        c["detail"] = tx(c["detail"])
+
+    warnings = _rows(con, "SELECT code, message FROM findings_warnings ORDER BY code, message")
+    for w in warnings:
+        w["message"] = tx(w["message"])
+
+    evidence = _rows(
+        con,
+        """SELECT path, sha256, bytes, kind, format, rows_read, rows_loaded, rows_rejected,
+                  first_at, last_at FROM evidence""",
+    )
+    for ev in evidence:
+        ev["path"] = _display_path(ev["path"], case.folder)
+    evidence.sort(key=lambda ev: (ev["path"], ev["sha256"]))
+
+    facts = {
+        r["key"]: _json(r["value"], None)
+        for r in _rows(con, "SELECT key, value FROM findings_case ORDER BY key")
+    }
+    methods = facts.get("attribution_methods") or {}
+    methods = (
+        {str(k): int(v) for k, v in sorted(methods.items())} if isinstance(methods, dict) else {}
+    )
+    window = _window(facts.get("window"), case)
+    expl = facts.get("exploitation") if isinstance(facts.get("exploitation"), dict) else {}
+    expl_summary = {
+        "conclusion": tx(str(expl.get("conclusion") or "No exploitation assessment was made.")),
+        "level": str(expl.get("level") or "none"),
+        "basis": [tx(str(b)) for b in (expl.get("basis") or [])],
+    }
+
+    data = ReportData(
+        case_id=case.id,
+        title=case.title,
+        generated_at=generated_at,
+        redacted=red.active,
+        affected=affected,
+        exposures=exposures,
+        notifications=notifications,
+        detectors=detectors,
+        exclusions=exclusions,
+        exploitation=exploitation,
+        coverage=coverage,
+        warnings=warnings,
+        evidence=evidence,
+        timeline=_timeline(con, case, affected),
+        case_facts=facts,
+        attribution_methods=methods,
+        window=window,
+        exploitation_summary=expl_summary,
+    )
+    data.summary = _summary(data)
+    data.nodes = sorted({a["decode_node"] or "(unknown)" for a in affected})
+    return data
+
+
+def _window(value: Any, case: Case) -> dict[str, str]:
+    if isinstance(value, dict) and (value.get("start") or value.get("end")):
+        return {
+            "start": iso(value.get("start")),
+            "end": iso(value.get("end")),
+            "basis": "the exposure window detection used",
+        }
+    if case.start or case.end:
+        return {
+            "start": iso(case.start),
+            "end": iso(case.end),
+            "basis": "[incident] start and end of the case manifest",
+        }
+    return {"start": "", "end": "", "basis": "no window was set: all evidence was considered"}
+
+
+def _timeline(con: duckdb.DuckDBPyConnection, case: Case, affected: list[dict]) -> list[dict]:
+    events = [{"at": utc(ev.at), "source": "manifest", "event": ev.event} for ev in case.timeline]
+    notified = [a for a in affected if a["verdict"] in NOTIFIED]
+    for label, a in (("First", notified[:1]), ("Last", notified[-1:])):
+        for row in a:
+            how = row["verdict"]
+            if row["excluded_by"]:
+                how += f", excluded traffic: {row['excluded_by']}"
+            events.append(
+                {
+                    "at": row["received_at"],
+                    "source": "findings",
+                    "event": f"{label} affected response ({how}): request {row['request_id']}",
+                }
+            )
+    changes = _rows(
+        con,
+        """WITH s AS (
+             SELECT node, observed_at, max_total_num_tokens, max_req_input_len,
+                    lag(max_total_num_tokens) OVER w AS prev_pool,
+                    lag(max_req_input_len) OVER w AS prev_input,
+                    row_number() OVER w AS n
+             FROM pool_snapshots
+             WINDOW w AS (PARTITION BY node ORDER BY observed_at, source_row, evidence_id))
+           SELECT node, observed_at, max_total_num_tokens, max_req_input_len,
+                  prev_pool, prev_input FROM s
+           WHERE n > 1 AND (max_total_num_tokens IS DISTINCT FROM prev_pool
+                            OR max_req_input_len IS DISTINCT FROM prev_input)
+           ORDER BY observed_at, node""",
+    )
+    for c in changes:
+        parts = []
+        if c["max_total_num_tokens"] != c["prev_pool"]:
+            parts.append(
+                f"max_total_num_tokens {_num(c['prev_pool'])} -> {_num(c['max_total_num_tokens'])}"
+            )
+        if c["max_req_input_len"] != c["prev_input"]:
+            parts.append(
+                f"max_req_input_len {_num(c['prev_input'])} -> {_num(c['max_req_input_len'])}"
+            )
+        events.append(
+            {
+                "at": utc(c["observed_at"]),
+                "source": "pool snapshots",
+                "event": f"Configuration change on {c['node']}: " + ", ".join(parts),
+            }
+        )
+    source_order = {"manifest": 0, "findings": 1, "pool snapshots": 2}
+    events.sort(key=lambda e: (e["at"], source_order[e["source"]], e["event"]))
+    return events
+
+
+def _num(value: Any) -> str:
+    return "unset" if value is None else f"{value:,}"
+
+
+def _summary(d: ReportData) -> dict[str, Any]:
+    def count(pred) -> int:
+        return sum(1 for a in d.affected if pred(a))
+
+    recipients = [n for n in d.notifications if n["role"] == "recipient"]
+    sources = [n for n in d.notifications if n["role"] == "source"]
+    methods = ", ".join(f"{m} ({n})" for m, n in d.attribution_methods.items()) or "none"
+    return {
+        "affected": count(lambda a: a["verdict"] in NOTIFIED and not a["excluded_by"]),
+        "confirmed": count(lambda a: a["verdict"] == "confirmed" and not a["excluded_by"]),
+        "likely": count(lambda a: a["verdict"] == "likely" and not a["excluded_by"]),
+        "affected_excluded": count(lambda a: a["verdict"] in NOTIFIED and a["excluded_by"]),
+        "possible": count(lambda a: a["verdict"] == "possible" and not a["excluded_by"]),
+        "rows": len(d.affected),
+        "recipients": len(recipients),
+        "sources": len(sources),
+        "exposures": len(d.exposures),
+        "methods": methods,
+        "notified_tenants": len({n["tenant_id"] for n in d.notifications}),
+    }

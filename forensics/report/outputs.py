@@ -1,0 +1,251 @@
+"""Write the report outputs of DESIGN.md section 7, byte for byte reproducible."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from forensics import __version__
+from forensics.errors import ForensicsError
+from forensics.report.data import all_tenant_ids, generation_time, iso, load_report_data
+from forensics.report.redact import Redactor, resolve_key
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from forensics.case import Case
+    from forensics.scope import Scope
+
+AFFECTED_COLUMNS = (
+    "request_id",
+    "tenant_id",
+    "received_at",
+    "prompt_tokens",
+    "threshold_tokens",
+    "verdict",
+    "signals",
+    "excluded_by",
+)
+EXPOSURE_COLUMNS = (
+    "recipient_request_id",
+    "recipient_tenant_id",
+    "source_request_id",
+    "source_tenant_id",
+    "method",
+    "tokens",
+    "confidence",
+)
+NOTIFICATION_COLUMNS = ("tenant_id", "role", "responses", "first_at", "last_at", "confidence")
+
+
+@dataclass
+class ReportResult:
+    """What :func:`write_report` wrote.
+
+    Attributes:
+        out_dir: the output folder.
+        files: every file written, manifest.json last.
+        notices: the notice files (empty in redacted mode).
+        redacted: whether tenant ids were pseudonymised.
+        generated_at: the as-of time printed in the outputs.
+        summary: headline counts (affected, recipients, sources, ...) and ``conclusion``.
+        messages: things the user should be told (e.g. notices skipped when redacting).
+    """
+
+    out_dir: Path
+    files: list[Path]
+    notices: list[Path]
+    redacted: bool
+    generated_at: datetime
+    summary: dict[str, Any]
+    messages: list[str] = field(default_factory=list)
+
+
+def _csv(columns: tuple[str, ...], rows: list[dict]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow(
+            [
+                "" if row[c] is None else iso(row[c]) if isinstance(row[c], datetime) else row[c]
+                for c in columns
+            ]
+        )
+    return buf.getvalue()
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write(path: Path, text: str, written: list[Path]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # newline="" keeps "\n" on every platform, so the bytes (and hashes) never depend on it.
+    with path.open("w", encoding="utf-8", newline="") as fh:
+        fh.write(text)
+    written.append(path)
+
+
+def _clear_notices(folder: Path) -> None:
+    # Notices from an earlier run may name tenants no longer notified (or be unredacted copies
+    # in a folder about to be shared): the folder holds exactly this run's notices.
+    if folder.is_dir():
+        for old in folder.glob("*.md"):
+            old.unlink()
+
+
+def write_report(
+    con: duckdb.DuckDBPyConnection,
+    case: Case,
+    out_dir: str | Path,
+    *,
+    as_of: datetime | None = None,
+    redact: bool = False,
+    redact_key: str | None = None,
+    scope: Scope | None = None,
+) -> ReportResult:
+    """Render every report output from the findings of a case.
+
+    Args:
+        con: the case database, with findings written by detection.
+        case: the case manifest.
+        out_dir: output folder (created with its parents when missing).
+        as_of: the generation time printed in the outputs; default the manifest's ``as_of``,
+            else its ``end``, else the latest evidence timestamp. Never the clock.
+        redact: replace tenant ids by keyed pseudonyms and skip the notices.
+        redact_key: the HMAC key; default ``$FORENSICS_REDACT_KEY``.
+        scope: a scope already computed by :func:`forensics.scope.scope_case`; computed here
+            when None.
+
+    Returns:
+        The paths written and the headline counts.
+
+    Raises:
+        ForensicsError: no findings, no redaction key, or no way to tell the generation time.
+    """
+    from forensics.report.charts import build_charts
+    from forensics.report.notices import assign_slugs, notice_context, scrub_others
+    from forensics.report.render import environment, report_context
+    from forensics.scope import require_findings, scope_case
+
+    require_findings(con)
+    key = resolve_key(redact_key) if redact else None
+    if scope is None:
+        scope = scope_case(con, case)
+    generated_at = generation_time(con, case, as_of)
+    if generated_at is None:
+        raise ForensicsError(
+            f"{case.path.name}: cannot tell the report time: set [incident].as_of or end, "
+            "or pass --as-of"
+        )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    tenant_ids = all_tenant_ids(con)
+    red = Redactor(tenant_ids, key)
+    data = load_report_data(con, case, generated_at, red)
+    charts = build_charts(con, data)
+    env = environment()
+    ctx = report_context(data, charts, __version__)
+
+    written: list[Path] = []
+    _write(out / "report.html", env.get_template("report.html").render(ctx), written)
+    _write(out / "report.md", env.get_template("report.md.j2").render(ctx), written)
+    _write(out / "affected_responses.csv", _csv(AFFECTED_COLUMNS, data.affected), written)
+    _write(out / "exposures.csv", _csv(EXPOSURE_COLUMNS, data.exposures), written)
+    _write(out / "notifications.csv", _csv(NOTIFICATION_COLUMNS, data.notifications), written)
+
+    notices: list[Path] = []
+    messages: list[str] = []
+    _clear_notices(out / "notices")
+    if redact:
+        messages.append(
+            "Notices were not written: they go to each tenant unredacted. "
+            "Run without --redact to write them."
+        )
+    else:
+        template = env.get_template("notice.md.j2")
+        others = sorted(tenant_ids)
+        for tenant, slug in sorted(assign_slugs(list(scope.tenants)).items()):
+            nctx = notice_context(con, scope, tenant)
+            nctx.update(
+                case_id=scrub_others(case.id, tenant, others),
+                generated_at=iso(generated_at),
+                window_start=data.window["start"],
+                window_end=data.window["end"],
+            )
+            path = out / "notices" / f"{slug}.md"
+            _write(path, template.render(nctx), written)
+            notices.append(path)
+
+    manifest = _manifest(case, data, out, written, redact)
+    _write(out / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n", written)
+    summary = dict(data.summary)
+    summary["conclusion"] = data.exploitation_summary["conclusion"]
+    summary["level"] = data.exploitation_summary["level"]
+    return ReportResult(out, written, notices, bool(redact), generated_at, summary, messages)
+
+
+def _manifest(case: Case, data, out: Path, written: list[Path], redact: bool) -> dict[str, Any]:
+    try:
+        manifest_sha = _sha256_file(case.path)
+    except OSError:
+        manifest_sha = None
+    return {
+        "tool": {"name": "kv-forensics", "version": __version__},
+        "case": {
+            "id": data.case_id,
+            "manifest": case.path.name,
+            "manifest_sha256": manifest_sha,
+        },
+        "generated_at": iso(data.generated_at),
+        "redacted": bool(redact),
+        "query_set_hash": data.case_facts.get("query_set_hash"),
+        "inputs": [
+            {
+                "path": e["path"],
+                "kind": e["kind"],
+                "format": e["format"],
+                "sha256": e["sha256"],
+                "bytes": e["bytes"],
+                "rows_read": e["rows_read"],
+                "rows": e["rows_loaded"],
+                "rejects": e["rows_rejected"],
+                "first_at": iso(e["first_at"]) or None,
+                "last_at": iso(e["last_at"]) or None,
+            }
+            for e in data.evidence
+        ],
+        "outputs": [
+            {
+                "path": p.relative_to(out).as_posix(),
+                "sha256": _sha256_file(p),
+                "bytes": p.stat().st_size,
+            }
+            for p in sorted(written, key=lambda p: p.relative_to(out).as_posix())
+        ],
+        "counts": {
+            k: data.summary[k]
+            for k in (
+                "affected",
+                "confirmed",
+                "likely",
+                "affected_excluded",
+                "possible",
+                "recipients",
+                "sources",
+                "exposures",
+            )
+        },
+    }
