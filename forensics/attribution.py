@@ -8,8 +8,9 @@ Three methods, the best one each decode rank's evidence allows (DESIGN.md sectio
    rank's page pool is replayed from its request timeline with SGLang's PD allocator rule —
    freed pages are parked, merged and sorted ascending when the free list runs short, and an
    allocation takes the lowest free ids.
-3. ``temporal`` (``low``): every request on the same node (and rank) that released its KV within
-   the overlap window before the victim took its pages, ranked newest first.
+3. ``temporal`` (``low``, then ``very_low``): every request on the same node (and rank) that
+   released its KV within the overlap window before the victim took its pages, newest first,
+   then each other tenant's latest earlier release on that node (see ``_temporal``).
 
 Both page-level methods track *writers*, not owners: a normal request writes every page it
 holds; a victim writes only its first page and the pages of its generated tokens, so the rest of
@@ -127,12 +128,11 @@ def stale_read(
 
 def attribute(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) -> AttributionResult:
     """Fill findings_exposures for every confirmed or likely affected response."""
-    from forensics.detect import _statements
+    from forensics.detect import run_sql_file
     from forensics.schema import FINDINGS_DDL
 
     con.execute(FINDINGS_DDL["findings_exposures"])
-    for statement in _statements(SQL_DIR / "timeline.sql"):
-        con.execute(statement)
+    run_sql_file(con, SQL_DIR / "timeline.sql")
     result = AttributionResult()
     victims = con.execute(
         """SELECT a.request_id, a.tenant_id, t.node, t.dp_rank, t.alloc_at, t.source_table,
@@ -325,24 +325,21 @@ def _allocation_log(con, node: str, rank):
 
 
 def _temporal(con, victims: list[str], params: dict[str, Any]) -> None:
-    """Rank every request that released KV on the victim's node shortly before it."""
-    con.execute(
-        """INSERT INTO findings_exposures
-           SELECT v.request_id, v.tenant_id, c.request_id, c.tenant_id, 'temporal',
-                  c.prompt_tokens + c.completion_tokens, 'low',
-                  row_number() OVER (PARTITION BY v.request_id
-                                     ORDER BY c.free_at DESC, c.request_id),
-                  c.free_at, NULL, NULL
-           FROM decode_timeline v
-           JOIN decode_timeline c
-             ON c.node = v.node
-            AND (v.dp_rank IS NULL OR c.dp_rank IS NULL OR c.dp_rank = v.dp_rank)
-            AND c.free_at <= v.alloc_at
-            AND c.free_at >= v.alloc_at - to_microseconds(CAST($window_s * 1e6 AS BIGINT))
-            AND c.request_id <> v.request_id
-           WHERE v.request_id IN (SELECT unnest($victims))""",
-        {"victims": victims, "window_s": params["overlap_window_s"]},
-    )
+    """Rank the requests whose KV may have been left in the pages a victim read.
+
+    Without the pool, the allocator cannot be replayed and a stale page may have been written
+    at any time since the node started (the lowest pages are reused constantly, higher ones may
+    sit untouched for days). So the candidates are two tiers, both from the victim's node (and
+    rank when known) and released before it took its pages:
+
+    - every request released within the overlap window, newest first (confidence ``low``);
+    - beyond the window, each other tenant's latest release, newest first (``very_low``), so
+      no tenant that could have been read is left out (source-tenant recall stays whole).
+    """
+    from forensics.detect import run_sql_file
+
+    run_sql_file(con, SQL_DIR / "temporal.sql",
+                 {"victims": victims, "window_s": params["overlap_window_s"]})
 
 
 def _mark_excluded(con) -> None:

@@ -14,10 +14,8 @@ GAP_SECONDS = 1800.0  # a node silent for 30 minutes is a hole worth stating
 
 def assess(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) -> None:
     """Fill findings_coverage."""
-    from forensics.detect import _statements
+    from forensics.detect import run_sql_file
     from forensics.schema import FINDINGS_DDL
 
     con.execute(FINDINGS_DDL["findings_coverage"])
-    for statement in _statements(SQL_DIR / "coverage.sql"):
-        args = {"gap_s": params.get("coverage_gap_s", GAP_SECONDS)}
-        con.execute(statement, args if "$gap_s" in statement else {})
+    run_sql_file(con, SQL_DIR / "coverage.sql", {"gap_s": GAP_SECONDS})

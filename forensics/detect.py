@@ -165,8 +165,7 @@ def prepare(
             "page": params.get("default_page_size") or 1,
         },
     )
-    for statement in _statements(SQL_DIR / "prepare.sql"):
-        con.execute(statement)
+    run_sql_file(con, SQL_DIR / "prepare.sql")
 
 
 def _statements(path: Path) -> list[str]:
@@ -176,6 +175,18 @@ def _statements(path: Path) -> list[str]:
         if not line.strip().startswith("--")
     )
     return [s.strip() for s in text.split(";\n") if s.strip().rstrip(";").strip()]
+
+
+def run_sql_file(
+    con: duckdb.DuckDBPyConnection, path: Path, values: dict[str, Any] | None = None
+) -> None:
+    """Run each statement of a SQL file, binding the named parameters it uses from ``values``."""
+    import re
+
+    values = values or {}
+    for statement in _statements(path):
+        used = set(re.findall(r"\$([a-z_]+)", statement))
+        con.execute(statement, {k: values.get(k) for k in used})
 
 
 def bind(det: Detector, params: dict[str, Any]) -> dict[str, Any]:
@@ -236,8 +247,7 @@ def run_detectors(
 
 def assign_verdicts(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) -> dict[str, int]:
     """Turn signals into one verdict per request (findings_affected); returns counts."""
-    for statement in _statements(SQL_DIR / "verdicts.sql"):
-        con.execute(statement, {"long_prompt_tokens": params["long_prompt_tokens"]})
+    run_sql_file(con, SQL_DIR / "verdicts.sql", params)
     rows = con.execute(
         "SELECT verdict, count(*) FROM findings_affected GROUP BY verdict"
     ).fetchall()

@@ -143,9 +143,10 @@ def test_temporal_fallback_ranks_recent_releases_and_warns(tmp_path):
         """SELECT recipient_request_id, source_request_id, rank, confidence
            FROM findings_exposures ORDER BY 1, 3"""
     ).fetchall()
-    # Window 5 s: V (t=6) sees B (released t=4) then A (t=2); W (t=8) sees V, B; C never ended.
+    # Window 5 s: V (t=6) sees B (released t=4) then A (t=2); W (t=8) sees V and B in the
+    # window, and A (t=2) only as an older release of another tenant; C never ended.
     assert rows == [("V", "B", 1, "low"), ("V", "A", 2, "low"),
-                    ("W", "V", 1, "low"), ("W", "B", 2, "low")]
+                    ("W", "V", 1, "low"), ("W", "B", 2, "low"), ("W", "A", 3, "very_low")]
 
 
 def test_excluded_recipient_keeps_its_sources_marked(tmp_path):
