@@ -1,0 +1,806 @@
+"""Canonical ingest: evidence files into the typed tables of a case database.
+
+One file loads in one transaction. Every source value is read as text (or as its Parquet
+physical type) and cast to its canonical type by a single vectorised DuckDB query; rows with a
+missing required value or a value that does not cast go to ``rejects`` with a reason a responder
+can act on, never silently dropped. Each file gets one ``evidence`` row with its sha256, so a
+file already loaded is recognised and skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from forensics import schema
+from forensics.errors import EvidenceError, ForensicsError
+from forensics.readers import Source, open_source, sql_ident, sql_str
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from forensics.case import Case
+
+# progress(file label, bytes done, bytes total): called as a file is read and loaded.
+Progress = Callable[[str, int, int], None]
+
+SUPPORTED_FORMATS = ("canonical", "auto")
+_SEP = "chr(31)"  # separates column name and reason inside one staged error string
+_tags = itertools.count(1)
+
+
+@dataclass
+class FileResult:
+    """What happened to one evidence file."""
+
+    path: str
+    sha256: str
+    bytes: int
+    kind: str
+    format: str
+    rows_read: int
+    rows_loaded: int
+    rows_rejected: int
+    first_at: datetime | None
+    last_at: datetime | None
+    skipped: bool
+    evidence_id: int
+
+
+@dataclass
+class FileFailure:
+    """A file that could not be loaded at all; ``message`` is one line without the path."""
+
+    path: str
+    kind: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+@dataclass
+class IngestResult:
+    """The outcome of loading several files: per-file results, failures and totals."""
+
+    files: list[FileResult] = field(default_factory=list)
+    failures: list[FileFailure] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[str]:
+        """One line per failed file, naming the file."""
+        return [str(f) for f in self.failures]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    @property
+    def rows_read(self) -> int:
+        return sum(f.rows_read for f in self.files if not f.skipped)
+
+    @property
+    def rows_loaded(self) -> int:
+        return sum(f.rows_loaded for f in self.files if not f.skipped)
+
+    @property
+    def rows_rejected(self) -> int:
+        return sum(f.rows_rejected for f in self.files if not f.skipped)
+
+    @property
+    def files_loaded(self) -> int:
+        return sum(1 for f in self.files if not f.skipped)
+
+    @property
+    def files_skipped(self) -> int:
+        return sum(1 for f in self.files if f.skipped)
+
+
+# --- validation helpers ---------------------------------------------------------------------
+
+
+def check_kind(kind: str) -> None:
+    """Raise ForensicsError unless ``kind`` is a canonical evidence kind."""
+    if kind not in schema.KINDS:
+        raise ForensicsError(
+            f"unknown evidence kind {kind!r} (expected one of: {', '.join(schema.KINDS)})"
+        )
+
+
+def check_timezone(tz: str) -> None:
+    """Raise ForensicsError unless ``tz`` is an IANA time zone name."""
+    try:
+        ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ForensicsError(f"unknown time zone {tz!r} (use an IANA name such as UTC)") from None
+
+
+def check_format(fmt: str) -> str:
+    """The canonical format name for ``fmt``; adapters are not part of canonical ingest."""
+    from forensics.case import FORMATS
+
+    if fmt not in FORMATS:
+        raise ForensicsError(f"unknown format {fmt!r} (expected one of: {', '.join(FORMATS)})")
+    if fmt not in SUPPORTED_FORMATS:
+        raise EvidenceError(f"format {fmt!r} is not supported yet")
+    # "auto" sniffs among adapters; with canonical the only format, it means canonical.
+    return "canonical"
+
+
+def file_sha256(path: Path) -> tuple[str, int]:
+    """The sha256 (hex) and size in bytes of a file, read in 8 MiB blocks."""
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as fh:
+        while block := fh.read(8 << 20):
+            digest.update(block)
+            size += len(block)
+    return digest.hexdigest(), size
+
+
+# --- SQL of the casts -------------------------------------------------------------------------
+
+_INT_RE = "'[+-]?[0-9]+'"
+_NUM_RE = "'[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][+-]?[0-9]+)?'"
+# An explicit offset or Z after a time of day (a date alone ends in "-08", which is no offset).
+_OFFSET_RE = "'[Tt ][0-9]{2}:[0-9]{2}.*([Zz]|[+-][0-9]{2}(:?[0-9]{2})?)$'"
+_MIN_US, _MAX_US = -62135596800000000, 253402300799999999  # years 0001..9999
+
+
+def _is_text(dtype: str) -> bool:
+    return dtype == "VARCHAR"
+
+
+def _family(dtype: str) -> str:
+    d = dtype.upper()
+    if d == "VARCHAR":
+        return "text"
+    if d in (
+        "TINYINT",
+        "SMALLINT",
+        "INTEGER",
+        "BIGINT",
+        "HUGEINT",
+        "UTINYINT",
+        "USMALLINT",
+        "UINTEGER",
+        "UBIGINT",
+        "UHUGEINT",
+    ):
+        return "int"
+    if d in ("FLOAT", "DOUBLE", "REAL") or d.startswith("DECIMAL"):
+        return "float"
+    if d in ("TIMESTAMP WITH TIME ZONE", "TIMESTAMPTZ"):
+        return "timestamptz"
+    if d.startswith("TIMESTAMP") or d == "DATE":
+        return "timestamp"
+    return "other"
+
+
+def _epoch_from_us(us: str) -> str:
+    return (
+        f"CASE WHEN ({us}) BETWEEN {_MIN_US} AND {_MAX_US} "
+        f"THEN timezone('UTC', make_timestamp(({us})::BIGINT)) END"
+    )
+
+
+def _epoch_int(n: str) -> str:
+    """Epoch seconds, ms, us or ns (told apart by magnitude) as TIMESTAMPTZ, in integers."""
+    us = (
+        f"CASE WHEN {n} BETWEEN -99999999999 AND 99999999999 THEN {n} * 1000000 "
+        f"WHEN {n} BETWEEN -99999999999999 AND 99999999999999 THEN {n} * 1000 "
+        f"WHEN {n} BETWEEN -99999999999999999 AND 99999999999999999 THEN {n} "
+        f"ELSE {n} // 1000 END"
+    )
+    return _epoch_from_us(us)
+
+
+def _epoch_double(d: str) -> str:
+    us = (
+        f"TRY_CAST(round(CASE WHEN abs({d}) < 1e11 THEN {d} * 1e6 "
+        f"WHEN abs({d}) < 1e14 THEN {d} * 1e3 WHEN abs({d}) < 1e17 THEN {d} "
+        f"ELSE {d} / 1e3 END) AS BIGINT)"
+    )
+    return _epoch_from_us(us)
+
+
+def _text_cast(ctype: str, s: str, tz: str) -> str:
+    """SQL casting text expression ``s`` to canonical type ``ctype``; NULL when it does not."""
+    t = f"trim({s})"
+    if ctype == "string":
+        return f"CASE WHEN trim({s}) = '' THEN NULL ELSE {s} END"
+    if ctype == "float":
+        return f"TRY_CAST({t} AS DOUBLE)"
+    if ctype == "int":
+        d = f"TRY_CAST({t} AS DOUBLE)"
+        # Integral decimals ("12.0", "1e3") are accepted, exactly, only below 2**53.
+        return (
+            f"CASE WHEN regexp_full_match({t}, {_INT_RE}) THEN TRY_CAST({t} AS BIGINT) "
+            f"WHEN isfinite({d}) AND {d} = floor({d}) AND abs({d}) < 9007199254740992 "
+            f"THEN CAST({d} AS BIGINT) END"
+        )
+    # timestamp
+    return (
+        f"CASE WHEN regexp_full_match({t}, {_INT_RE}) "
+        f"THEN {_epoch_int(f'TRY_CAST({t} AS BIGINT)')} "
+        f"WHEN regexp_full_match({t}, {_NUM_RE}) THEN {_epoch_double(f'TRY_CAST({t} AS DOUBLE)')} "
+        f"WHEN regexp_matches({t}, {_OFFSET_RE}) THEN TRY_CAST({t} AS TIMESTAMPTZ) "
+        # Naive means the manifest's zone; a trailing zone name ("... Europe/Rome") also works.
+        f"ELSE coalesce(timezone({sql_str(tz)}, TRY_CAST({t} AS TIMESTAMP)), "
+        f"TRY_CAST({t} AS TIMESTAMPTZ)) END"
+    )
+
+
+def _as_text(v: str, dtype: str) -> str:
+    fam = _family(dtype)
+    if fam == "text":
+        return v
+    if fam == "other" and (
+        dtype.startswith("STRUCT") or dtype.endswith("]") or dtype.startswith("MAP")
+    ):
+        return f"CAST(to_json({v}) AS VARCHAR)"
+    return f"CAST({v} AS VARCHAR)"
+
+
+def _typed_cast(ctype: str, v: str, dtype: str, tz: str) -> str:
+    """SQL casting a typed (Parquet) expression ``v`` of DuckDB type ``dtype`` to ``ctype``."""
+    fam = _family(dtype)
+    if fam == "text" or fam == "other":
+        return _text_cast(ctype, _as_text(v, dtype), tz)
+    if ctype == "string":
+        return f"CAST({v} AS VARCHAR)"
+    if ctype == "int":
+        if fam == "int":
+            return f"TRY_CAST({v} AS BIGINT)"
+        if fam == "float":
+            d = f"CAST({v} AS DOUBLE)"
+            return (
+                f"CASE WHEN isfinite({d}) AND {d} = floor({d}) AND abs({d}) < 9007199254740992 "
+                f"THEN CAST({d} AS BIGINT) END"
+            )
+        return "NULL::BIGINT"  # a timestamp is no token count: the row is rejected
+    if ctype == "float":
+        return f"TRY_CAST({v} AS DOUBLE)" if fam in ("int", "float") else "NULL::DOUBLE"
+    # timestamp
+    if fam == "timestamptz":
+        return f"CAST({v} AS TIMESTAMPTZ)"
+    if fam == "timestamp":
+        return f"timezone({sql_str(tz)}, CAST({v} AS TIMESTAMP))"
+    if fam == "int":
+        return _epoch_int(f"TRY_CAST({v} AS BIGINT)")
+    return _epoch_double(f"CAST({v} AS DOUBLE)")
+
+
+_WHAT = {"int": "an integer", "float": "a number", "timestamp": "a timestamp"}
+
+
+def _quoted(text_sql: str) -> str:
+    return (
+        f"'''' || left({text_sql}, 80) || "
+        f"CASE WHEN length({text_sql}) > 80 THEN '...' ELSE '' END || ''''"
+    )
+
+
+def _stage_sql(
+    kind: str, source: Source, tz: str, defaults: dict[str, Any]
+) -> tuple[str, list[str]]:
+    """The query that casts every canonical column and finds each row's first problem.
+
+    Returns:
+        The SELECT, and the canonical column names in the order of its ``__kv_t{i}`` outputs.
+
+    Raises:
+        EvidenceError: a required column is missing from the file and has no default.
+    """
+    cols = schema.columns(kind)
+    missing = [
+        c.name
+        for c in cols
+        if c.required and c.name not in source.columns and defaults.get(c.name) is None
+    ]
+    if missing and not source.empty:
+        found = ", ".join(sorted(source.columns)) or "none"
+        names = ", ".join(repr(m) for m in missing)
+        plural = "s" if len(missing) > 1 else ""
+        raise EvidenceError(
+            f"missing required column{plural} {names} for kind {kind} (columns found: {found})"
+        )
+    guard = source.pre_error != "NULL"
+    values, typed, errors = [], [], []
+    for i, col in enumerate(cols):
+        if col.name in source.columns:
+            expr, dtype = source.columns[col.name]
+            if guard:
+                expr = f"CASE WHEN __kv_pre IS NULL THEN {expr} END"
+        elif defaults.get(col.name) is not None:
+            value = defaults[col.name]
+            expr = sql_str(value.isoformat() if isinstance(value, datetime) else value)
+            dtype = "VARCHAR"
+        else:
+            expr, dtype = f"NULL::{schema.SQL_TYPE[col.type]}", "NULL"
+        v = f"__kv_v{i}"
+        values.append(f"{expr} AS {v}")
+        if dtype == "NULL":
+            typed.append(f"{v} AS __kv_t{i}")
+            continue
+        cast = (
+            _text_cast(col.type, v, tz) if _is_text(dtype) else _typed_cast(col.type, v, dtype, tz)
+        )
+        typed.append(f"{cast} AS __kv_t{i}")
+        blank = f"({v} IS NULL OR trim({v}) = '')" if _is_text(dtype) else f"{v} IS NULL"
+        name = sql_str(col.name)
+        if col.required:
+            errors.append(f"WHEN {blank} THEN {name} || {_SEP} || 'required value missing'")
+        if col.type != "string":
+            errors.append(
+                f"WHEN __kv_t{i} IS NULL AND NOT {blank} THEN {name} || {_SEP} || "
+                f"'not {_WHAT[col.type]}: ' || {_quoted(_as_text(v, dtype))}"
+            )
+    extra = source.extra_keys({c.name for c in cols}) or "NULL"
+    if guard and extra != "NULL":
+        extra = f"CASE WHEN __kv_pre IS NULL THEN {extra} END"
+    err = (
+        "CASE WHEN __kv_pre IS NOT NULL THEN " + _SEP + " || __kv_pre " + " ".join(errors) + " END"
+    )
+    sql = (
+        "SELECT __kv_r, "
+        + ", ".join(f"__kv_t{i}" for i in range(len(cols)))
+        + ", __kv_extra, __kv_err, "
+        + f"CASE WHEN __kv_err IS NOT NULL THEN {source.raw_expr} END AS __kv_raw FROM ("
+        + f"SELECT *, {err} AS __kv_err FROM ("
+        + "SELECT *, "
+        + ", ".join(typed)
+        + f", CAST({extra} AS JSON) AS __kv_extra FROM ("
+        + f"SELECT *, {source.row_expr} AS __kv_r, {source.pre_error} AS __kv_pre, "
+        + ", ".join(values)
+        + f" FROM {source.relation})))"
+    )
+    return sql, [c.name for c in cols]
+
+
+# --- one file -------------------------------------------------------------------------------
+
+
+def _existing(con: duckdb.DuckDBPyConnection, sha: str) -> tuple | None:
+    return con.execute(
+        "SELECT evidence_id, path, bytes, kind, format, rows_read, rows_loaded, rows_rejected, "
+        "first_at, last_at FROM evidence WHERE sha256 = ?",
+        [sha],
+    ).fetchone()
+
+
+def _watch_query(con: duckdb.DuckDBPyConnection, report: Callable[[float], None]):
+    """Poll DuckDB's progress of the running query from a helper thread; returns a stopper."""
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(0.25):
+            try:
+                pct = con.query_progress()
+            except Exception:  # noqa: BLE001 - progress is cosmetic; never fail a load for it
+                return
+            if pct is not None and pct >= 0:
+                report(min(pct, 100.0) / 100.0)
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+
+    def stopper() -> None:
+        stop.set()
+        thread.join()
+
+    return stopper
+
+
+def ingest_file(
+    con: duckdb.DuckDBPyConnection,
+    path: str | Path,
+    kind: str,
+    fmt: str = "canonical",
+    *,
+    timezone: str = "UTC",
+    defaults: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+    label: str | None = None,
+) -> FileResult:
+    """Load one evidence file into its canonical table, in one transaction.
+
+    Args:
+        con: an open case database (see :func:`forensics.db.connect`).
+        path: the file; its extension decides the reader (.jsonl/.ndjson/.json, .csv,
+            .parquet, each optionally .gz or .zst).
+        kind: the canonical table (requests, engine_legs, pool_snapshots, ...).
+        fmt: ``canonical`` or ``auto`` (adapters come later).
+        timezone: the zone of timestamps that carry no offset.
+        defaults: column -> value for columns the file lacks (an [[evidence]] entry's node,
+            role or observed_at).
+        progress: called with (label, bytes done, bytes total) while the file loads.
+        label: the name recorded in ``evidence.path`` and in messages (default: ``path``).
+
+    Returns:
+        The file's result; ``skipped`` is True when a file with the same sha256 was already
+        loaded (nothing is written then).
+
+    Raises:
+        EvidenceError: the whole file could not be loaded (the message starts with its name);
+            nothing of it is kept.
+        ForensicsError: a bad kind, format or time zone.
+    """
+    import duckdb
+
+    path = Path(path)
+    label = label or str(path)
+    check_kind(kind)
+    check_timezone(timezone)
+    try:
+        fmt_name = check_format(fmt)
+    except EvidenceError as exc:
+        raise EvidenceError(f"{label}: {exc}") from None
+    defaults = {k: v for k, v in (defaults or {}).items() if v is not None}
+    try:
+        sha, size = file_sha256(path)
+    except FileNotFoundError:
+        raise EvidenceError(f"{label}: file not found") from None
+    except OSError as exc:
+        raise EvidenceError(f"{label}: cannot read the file ({exc.strerror or exc})") from None
+
+    seen = _existing(con, sha)
+    if seen is not None:
+        if seen[3] != kind:
+            raise EvidenceError(
+                f"{label}: the same file (sha256 {sha[:12]}) is already loaded as kind "
+                f"{seen[3]} from {seen[1]}"
+            )
+        return FileResult(
+            label,
+            sha,
+            seen[2],
+            seen[3],
+            seen[4],
+            seen[5],
+            seen[6],
+            seen[7],
+            seen[8],
+            seen[9],
+            skipped=True,
+            evidence_id=seen[0],
+        )
+
+    def report(done: int, total: int) -> None:
+        if progress:
+            progress(label, done, total)
+
+    report(0, size)
+    # DuckDB would draw its own bar on the terminal; ours comes through ``progress``.
+    con.execute("SET enable_progress_bar_print = false")
+    tag = str(next(_tags))
+    source: Source | None = None
+    con.execute("BEGIN TRANSACTION")
+    try:
+        try:
+            # Reading is the first half of the work, casting and inserting the second.
+            source = open_source(con, path, tag, lambda d, t: report(d // 2, t))
+            sql, names = _stage_sql(kind, source, timezone, defaults)
+            result = _load(
+                con,
+                sql,
+                names,
+                source,
+                kind,
+                fmt_name,
+                label,
+                sha,
+                size,
+                report,
+                progress is not None,
+            )
+        except duckdb.Error as exc:
+            first = str(exc).strip().splitlines()[0]
+            raise EvidenceError(f"cannot load the file ({first})") from None
+        source.close(con)
+        con.execute("COMMIT")
+    except BaseException as exc:
+        con.execute("ROLLBACK")
+        if source is not None:
+            source.close(con)
+        if isinstance(exc, EvidenceError) and not str(exc).startswith(f"{label}: "):
+            raise EvidenceError(f"{label}: {exc}") from None
+        raise
+    report(size, size)
+    return result
+
+
+def _load(
+    con: duckdb.DuckDBPyConnection,
+    sql: str,
+    names: list[str],
+    source: Source,
+    kind: str,
+    fmt: str,
+    label: str,
+    sha: str,
+    size: int,
+    report: Callable[[int, int], None],
+    watch: bool,
+) -> FileResult:
+    """Write rejects, then good rows, then the evidence row; inside the caller's transaction.
+
+    The casting query runs twice (once for bad rows, once for good ones) rather than being
+    materialised: re-reading the source is cheaper than staging ten million wide rows.
+    """
+    eid = con.execute("SELECT nextval('evidence_seq')").fetchone()[0]
+
+    def run(step: int, statement: str) -> int:
+        if not watch:
+            return con.execute(statement).fetchone()[0]
+        # Two SQL passes share the second half of the progress bar.
+        stopper = _watch_query(con, lambda f: report(int(size * (0.5 + (step + f) / 4)), size))
+        try:
+            return con.execute(statement).fetchone()[0]
+        finally:
+            stopper()
+
+    rejected = run(
+        0,
+        f"INSERT INTO rejects SELECT {eid}, {sql_str(label)}, __kv_r, "
+        f"nullif(split_part(__kv_err, {_SEP}, 1), ''), split_part(__kv_err, {_SEP}, 2), "
+        f"__kv_raw FROM ({sql}) WHERE __kv_err IS NOT NULL ORDER BY __kv_r",
+    )
+    targets = ", ".join(sql_ident(n) for n in names)
+    picks = ", ".join(f"__kv_t{i}" for i in range(len(names)))
+    loaded = run(
+        1,
+        f"INSERT INTO {kind} ({targets}, extra, evidence_id, source_row) "
+        f"SELECT {picks}, __kv_extra, {eid}, __kv_r FROM ({sql}) WHERE __kv_err IS NULL",
+    )
+    if source.early_rejects:
+        con.executemany(
+            "INSERT INTO rejects VALUES (?, ?, ?, ?, ?, ?)",
+            [(eid, label, row, col, reason, raw) for row, col, reason, raw in source.early_rejects],
+        )
+    rejected += len(source.early_rejects)
+    first_at = last_at = None
+    time_col = schema.TIME_COLUMN[kind]
+    if time_col:
+        first_at, last_at = con.execute(
+            f"SELECT min({sql_ident(time_col)}), max({sql_ident(time_col)}) FROM {kind} "
+            f"WHERE evidence_id = {eid}"
+        ).fetchone()
+    read = loaded + rejected
+    con.execute(
+        "INSERT INTO evidence VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, current_timestamp)",
+        [eid, label, sha, size, kind, fmt, read, loaded, rejected, first_at, last_at],
+    )
+    return FileResult(
+        label,
+        sha,
+        size,
+        kind,
+        fmt,
+        read,
+        loaded,
+        rejected,
+        first_at,
+        last_at,
+        skipped=False,
+        evidence_id=eid,
+    )
+
+
+# --- many files ------------------------------------------------------------------------------
+
+
+def _label(path: Path, folder: Path) -> str:
+    """A path relative to the case folder when it lies inside it (portable, stable)."""
+    try:
+        return path.resolve().relative_to(folder.resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def _defaults(kind: str, entry: Any) -> dict[str, Any]:
+    names = {c.name for c in schema.columns(kind)}
+    given = {"node": entry.node, "role": entry.role, "observed_at": entry.observed_at}
+    return {k: v for k, v in given.items() if v is not None and k in names}
+
+
+def _load_all(
+    con: duckdb.DuckDBPyConnection,
+    jobs: Iterable[tuple[Path, str, str, str, dict[str, Any], str]],
+    result: IngestResult,
+    progress: Progress | None,
+) -> None:
+    for path, kind, fmt, tz, defaults, label in jobs:
+        try:
+            result.files.append(
+                ingest_file(
+                    con,
+                    path,
+                    kind,
+                    fmt,
+                    timezone=tz,
+                    defaults=defaults,
+                    progress=progress,
+                    label=label,
+                )
+            )
+        except ForensicsError as exc:
+            message = str(exc)
+            message = message.removeprefix(f"{label}: ")
+            result.failures.append(FileFailure(label, kind, message))
+
+
+def ingest_case(case: Case, progress: Progress | None = None) -> IngestResult:
+    """Load every file of every [[evidence]] entry of a case into ``case.database``.
+
+    A file that cannot be loaded at all (missing, truncated, not the format its name says) is
+    recorded in ``IngestResult.failures`` and the other files still load; so is a glob that
+    matches nothing, since missing evidence must not pass unnoticed.
+    """
+    from forensics.db import connect
+
+    result = IngestResult()
+    con = connect(case.database)
+    try:
+        for i, entry in enumerate(case.evidence, start=1):
+            files = entry.files()
+            if not files:
+                for pattern in entry.paths:
+                    result.failures.append(
+                        FileFailure(
+                            _label(Path(pattern), case.folder),
+                            entry.kind,
+                            f"no file matches this pattern ([[evidence]] #{i})",
+                        )
+                    )
+                continue
+            defaults = _defaults(entry.kind, entry)
+            jobs = [
+                (f, entry.kind, entry.format, case.timezone, defaults, _label(f, case.folder))
+                for f in files
+            ]
+            _load_all(con, jobs, result, progress)
+    finally:
+        con.close()
+    return result
+
+
+def ingest_paths(
+    db_path: str | Path,
+    paths: Iterable[str | Path],
+    kind: str,
+    fmt: str = "canonical",
+    timezone: str = "UTC",
+    progress: Progress | None = None,
+) -> IngestResult:
+    """Load files (or globs) of one kind into the case database at ``db_path``.
+
+    Raises:
+        ForensicsError: a bad kind, format name or time zone (before anything is loaded).
+    """
+    from forensics.case import Evidence
+    from forensics.db import connect
+
+    check_kind(kind)
+    check_timezone(timezone)
+    check_format(fmt)
+    result = IngestResult()
+    files: list[Path] = []
+    for pattern in (str(p) for p in paths):
+        found = Evidence(kind=kind, format=fmt, paths=(pattern,)).files()
+        if not found:
+            result.failures.append(FileFailure(pattern, kind, "no file matches this pattern"))
+        files += found
+    files = list(dict.fromkeys(files))
+    con = connect(db_path)
+    try:
+        _load_all(con, [(f, kind, fmt, timezone, {}, str(f)) for f in files], result, progress)
+    finally:
+        con.close()
+    return result
+
+
+# --- status ----------------------------------------------------------------------------------
+
+
+@dataclass
+class EvidenceRow:
+    """One row of the ``evidence`` table."""
+
+    evidence_id: int
+    path: str
+    sha256: str
+    bytes: int
+    kind: str
+    format: str
+    rows_read: int
+    rows_loaded: int
+    rows_rejected: int
+    first_at: datetime | None
+    last_at: datetime | None
+    loaded_at: datetime
+
+
+@dataclass
+class KindSpan:
+    """How much of one kind is loaded and the time it covers."""
+
+    kind: str
+    files: int
+    rows: int
+    first_at: datetime | None
+    last_at: datetime | None
+
+
+@dataclass
+class RejectGroup:
+    """Rejected rows sharing a kind, column and kind of problem, with one example."""
+
+    kind: str
+    column: str | None
+    reason: str
+    rows: int
+    example: str  # "path:row: full reason" of the first such row
+
+
+@dataclass
+class StatusReport:
+    """What a case database holds: files, totals, time span per kind, rejects by reason."""
+
+    files: list[EvidenceRow]
+    spans: list[KindSpan]
+    rejects: list[RejectGroup]
+
+    @property
+    def rows_read(self) -> int:
+        return sum(f.rows_read for f in self.files)
+
+    @property
+    def rows_loaded(self) -> int:
+        return sum(f.rows_loaded for f in self.files)
+
+    @property
+    def rows_rejected(self) -> int:
+        return sum(f.rows_rejected for f in self.files)
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.bytes for f in self.files)
+
+
+def evidence_status(con: duckdb.DuckDBPyConnection) -> StatusReport:
+    """Summarise the evidence loaded into a case database."""
+    files = [
+        EvidenceRow(*r)
+        for r in con.execute(
+            "SELECT evidence_id, path, sha256, bytes, kind, format, rows_read, rows_loaded, "
+            "rows_rejected, first_at, last_at, loaded_at FROM evidence "
+            "ORDER BY kind, path, evidence_id"
+        ).fetchall()
+    ]
+    spans = [
+        KindSpan(*r)
+        for r in con.execute(
+            "SELECT kind, count(*), sum(rows_loaded), min(first_at), max(last_at) "
+            "FROM evidence GROUP BY kind ORDER BY kind"
+        ).fetchall()
+    ]
+    # Reasons quote the offending value after ": "; group on the wording before it.
+    rejects = [
+        RejectGroup(*r)
+        for r in con.execute(
+            "WITH r AS (SELECT e.kind, r.column_name, split_part(r.reason, ': ', 1) AS reason, "
+            "r.path || ':' || r.source_row || ': ' || r.reason AS example, "
+            "r.evidence_id, r.source_row FROM rejects r JOIN evidence e USING (evidence_id)) "
+            "SELECT kind, column_name, reason, count(*), "
+            "arg_min(example, (evidence_id, source_row)) FROM r "
+            "GROUP BY ALL ORDER BY count(*) DESC, kind, column_name, reason"
+        ).fetchall()
+    ]
+    return StatusReport(files=files, spans=spans, rejects=rejects)

@@ -1,0 +1,461 @@
+"""Evidence file readers: present one JSON Lines, CSV or Parquet file to DuckDB as a relation.
+
+A reader never decides a canonical column's type. It exposes, for each source column, an SQL
+expression and the type that expression has as read (text for JSON Lines and CSV, the physical
+type for Parquet); :mod:`forensics.ingest` casts those to the canonical types in one vectorised
+query. Readers also give each row its provenance (``source_row``) and, for rows that turn out
+bad, an SQL expression of the row's raw text.
+
+Decompression (``.gz``, ``.zst``) and line splitting run in Arrow's C++ code in large blocks,
+so Python never touches individual values.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from forensics.errors import EvidenceError
+
+if TYPE_CHECKING:
+    import duckdb
+
+# (done_bytes, total_bytes) of the file being read; the caller knows which file it is.
+ByteProgress = Callable[[int, int], None]
+
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd"}
+FILE_TYPES = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
+_BLOCK = 16 << 20  # bytes of decompressed input handled per step
+
+
+def sql_str(value: str) -> str:
+    """An SQL string literal."""
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def sql_ident(name: str) -> str:
+    """A quoted SQL identifier (column names such as ``at`` are reserved words in DuckDB)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def detect_type(path: Path) -> tuple[str, str | None]:
+    """The file type (jsonl, csv, parquet) and compression (gzip, zstd or None) of a path.
+
+    >>> detect_type(Path("requests-01.jsonl.gz"))
+    ('jsonl', 'gzip')
+    """
+    suffixes = [s.lower() for s in path.suffixes]
+    compression = None
+    if suffixes and suffixes[-1] in COMPRESSIONS:
+        compression = COMPRESSIONS[suffixes.pop()]
+    if not suffixes or suffixes[-1] not in FILE_TYPES:
+        known = ", ".join(sorted(FILE_TYPES))
+        raise EvidenceError(f"unknown file type (expected one of {known}, optionally .gz or .zst)")
+    return FILE_TYPES[suffixes[-1]], compression
+
+
+@dataclass
+class Source:
+    """One evidence file as a DuckDB relation plus the expressions ingest needs.
+
+    Attributes:
+        relation: SQL of a FROM item (a temp table or a table function call).
+        columns: source column name -> (SQL expression, DuckDB type of that expression).
+        row_expr: SQL of the 1-based source row (line for JSON Lines, data row otherwise).
+        raw_expr: SQL of the row's raw text, evaluated only for rejected rows.
+        pre_error: SQL giving a reason when a row is bad before any column is looked at
+            (a JSON Lines line that does not parse), else NULL.
+        extra_keys: SQL of the unknown columns as a JSON object, or None when there are none.
+        early_rejects: rows rejected while parsing the file (CSV rows with the wrong number of
+            fields) as (source_row, column, reason, raw).
+        empty: the file holds no data at all (no header, no lines).
+    """
+
+    relation: str
+    columns: dict[str, tuple[str, str]]
+    row_expr: str
+    raw_expr: str
+    pre_error: str = "NULL"
+    extra_keys: Callable[[set[str]], str | None] = lambda known: None
+    early_rejects: list[tuple[int, str | None, str, str]] = field(default_factory=list)
+    empty: bool = False
+    cleanup: list[str] = field(default_factory=list, repr=False)  # temp tables to drop
+    temp_files: list[str] = field(default_factory=list, repr=False)
+
+    def close(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Drop the temp tables and files behind this source."""
+        for table in self.cleanup:
+            con.execute(f"DROP TABLE IF EXISTS {table}")
+        for name in self.temp_files:
+            try:
+                os.unlink(name)
+            except OSError:
+                pass
+
+
+def _stream(path: Path, compression: str | None) -> tuple[Any, Any]:
+    """A decompressing Arrow input stream over ``path`` and the raw file (for progress)."""
+    import pyarrow as pa
+
+    raw = pa.OSFile(str(path), "rb")
+    if compression is None:
+        return raw, raw
+    return pa.CompressedInputStream(raw, compression), raw
+
+
+def _decompress_error(path: Path, compression: str | None, exc: Exception) -> EvidenceError:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if compression:
+        return EvidenceError(f"truncated or corrupt {compression} data ({first})")
+    return EvidenceError(f"cannot read the file ({first})")
+
+
+def open_source(
+    con: duckdb.DuckDBPyConnection,
+    path: Path,
+    tag: str,
+    progress: ByteProgress | None = None,
+) -> Source:
+    """Read or attach one evidence file; ``tag`` makes temp table names unique.
+
+    Raises:
+        EvidenceError: unknown extension, unreadable or corrupt file, not JSON Lines at all.
+    """
+    file_type, compression = detect_type(path)
+    if not path.is_file():
+        raise EvidenceError("file not found")
+    reader = {"jsonl": _open_jsonl, "csv": _open_csv, "parquet": _open_parquet}[file_type]
+    return reader(con, path, compression, tag, progress)
+
+
+# --- JSON Lines ---------------------------------------------------------------------------
+
+
+def _open_jsonl(con, path: Path, compression, tag: str, progress) -> Source:
+    import pyarrow as pa
+
+    table = f"__kv_lines_{tag}"
+    con.execute(f"CREATE TEMP TABLE {table} (__kv_row BIGINT, __kv_line VARCHAR)")
+    source = Source(relation=table, columns={}, row_expr="__kv_row", raw_expr="__kv_line")
+    source.cleanup.append(table)
+    total = path.stat().st_size
+    stream, raw = _stream(path, compression)
+    line_no, tail, first = 0, b"", True
+    try:
+        while True:
+            try:
+                block = stream.read(_BLOCK)
+            except (OSError, pa.ArrowException) as exc:
+                raise _decompress_error(path, compression, exc) from None
+            if not block and not tail:
+                break
+            data = tail + block
+            if block:
+                cut = data.rfind(b"\n")
+                data, tail = (data[: cut + 1], data[cut + 1 :]) if cut >= 0 else (b"", data)
+            else:
+                tail = b""
+            if not data:
+                continue
+            # Invalid UTF-8 is replaced rather than failing the file: the line still counts and
+            # usually still parses; its raw text keeps the replacement characters.
+            text = data.decode("utf-8", errors="replace")
+            if first:
+                text, first = text.removeprefix("\ufeff"), False
+            lines = text.split("\n")
+            if text.endswith("\n"):
+                lines.pop()
+            batch = pa.table(
+                {
+                    "__kv_row": pa.array(range(line_no + 1, line_no + len(lines) + 1), pa.int64()),
+                    "__kv_line": pa.array(lines, pa.string()),
+                }
+            )
+            line_no += len(lines)
+            con.register(f"{table}_batch", batch)
+            # Blank lines are not rows, but they keep their place in the line numbering.
+            con.execute(
+                f"INSERT INTO {table} SELECT __kv_row, rtrim(__kv_line, chr(13)) "
+                f"FROM {table}_batch WHERE trim(__kv_line, ' ' || chr(9) || chr(13)) <> ''"
+            )
+            con.unregister(f"{table}_batch")
+            if progress:
+                progress(raw.tell(), total)
+    finally:
+        stream.close()
+
+    valid, count = con.execute(
+        f"SELECT count(*) FILTER (WHERE json_valid(__kv_line)), count(*) FROM {table}"
+    ).fetchone()
+    if count == 0:
+        source.empty = True
+        return source
+    if valid == 0:
+        raise EvidenceError(
+            f"not JSON Lines (none of its {count} lines is a JSON value; "
+            "the format needs one JSON object per line)"
+        )
+    source.pre_error = (
+        "CASE WHEN NOT json_valid(__kv_line) THEN 'not valid JSON' "
+        "WHEN json_type(__kv_line) <> 'OBJECT' THEN 'not a JSON object' "
+        "WHEN len(json_keys(__kv_line)) <> len(list_distinct(json_keys(__kv_line))) "
+        "THEN 'duplicate key in JSON object' END"
+    )
+    keys = [
+        r[0]
+        for r in con.execute(
+            f"SELECT DISTINCT unnest(json_keys(__kv_line)) FROM {table} "
+            "WHERE json_valid(__kv_line) AND json_type(__kv_line) = 'OBJECT'"
+        ).fetchall()
+    ]
+    for key in keys:
+        path_sql = sql_str('$."' + key.replace('"', '\\"') + '"')
+        # json_extract_string gives strings unquoted and numbers as written (so a 63-bit
+        # integer keeps every digit); JSON null becomes SQL NULL.
+        source.columns[key] = (f"json_extract_string(__kv_line, {path_sql})", "VARCHAR")
+
+    def extra(known: set[str]) -> str | None:
+        if not set(keys) - known:
+            return None
+        names = "[" + ", ".join(sql_str(k) for k in sorted(known)) + "]"
+        entries = (
+            "list_filter(map_entries(json_transform(__kv_line, '\"MAP(VARCHAR, JSON)\"')), "
+            f"lambda e: NOT list_contains({names}, e.key) AND e.value IS NOT NULL)"
+        )
+        return f"CASE WHEN len({entries}) > 0 THEN to_json(map_from_entries({entries})) END"
+
+    source.extra_keys = extra
+    return source
+
+
+# --- CSV ----------------------------------------------------------------------------------
+
+
+def _open_csv(con, path: Path, compression, tag: str, progress) -> Source:
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    table = f"__kv_csv_{tag}"
+    total = path.stat().st_size
+    bad: list[tuple[int, int, int, str]] = []
+
+    def on_invalid(row: Any) -> str:
+        # row.number counts records from 1 with the header as record 1 (blank lines and
+        # quoted newlines do not count), so the data row is number - 1.
+        bad.append((row.number - 1, row.expected_columns, row.actual_columns, row.text))
+        return "skip"
+
+    def reader(names: list[str] | None):
+        stream, raw = _stream(path, compression)
+        block = _BLOCK if names is not None else 1 << 20
+        convert = None
+        if names is not None:
+            # Every column as text: no type inference from a sample, ever.
+            convert = pacsv.ConvertOptions(
+                column_types={n: pa.string() for n in names},
+                strings_can_be_null=False,
+                quoted_strings_can_be_null=False,
+            )
+        parse = pacsv.ParseOptions(newlines_in_values=True, invalid_row_handler=on_invalid)
+        # Single-threaded so invalid rows carry their record number.
+        read = pacsv.ReadOptions(use_threads=False, block_size=block)
+        return (
+            pacsv.open_csv(stream, read_options=read, parse_options=parse, convert_options=convert),
+            stream,
+            raw,
+        )
+
+    try:
+        probe, stream, _ = reader(None)
+        header = probe.schema.names
+        stream.close()
+    except (OSError, pa.ArrowException) as exc:
+        message = str(exc)
+        if "Empty CSV file" in message:
+            return Source(
+                relation="(SELECT 1 WHERE false)",
+                columns={},
+                row_expr="0",
+                raw_expr="NULL",
+                empty=True,
+            )
+        raise _csv_error(path, compression, exc) from None
+    names = [h.strip().removeprefix("\ufeff").strip() for h in header]
+    for name in names:
+        if not name:
+            raise EvidenceError("the CSV header has an empty column name")
+        if names.count(name) > 1:
+            raise EvidenceError(f"the CSV header names column {name!r} twice")
+    bad.clear()
+
+    cols_sql = ", ".join(f"{sql_ident(n)} VARCHAR" for n in names)
+    con.execute(f"CREATE TEMP TABLE {table} (__kv_good BIGINT, {cols_sql})")
+    source = Source(relation=table, columns={}, row_expr="__kv_good", raw_expr="NULL")
+    source.cleanup.append(table)
+    good = 0
+    try:
+        csv_reader, stream, raw = reader(header)
+        try:
+            for batch in csv_reader:
+                arrays = [pa.array(range(good + 1, good + batch.num_rows + 1), pa.int64())]
+                arrays += list(batch.columns)
+                good += batch.num_rows
+                con.register(f"{table}_batch", pa.Table.from_arrays(arrays, ["__kv_good", *names]))
+                con.execute(f"INSERT INTO {table} SELECT * FROM {table}_batch")
+                con.unregister(f"{table}_batch")
+                if progress:
+                    progress(raw.tell(), total)
+        finally:
+            stream.close()
+    except (OSError, pa.ArrowException) as exc:
+        raise _csv_error(path, compression, exc) from None
+
+    for number, expected, actual, text in bad:
+        reason = f"malformed CSV row: expected {expected} fields, found {actual}"
+        source.early_rejects.append((number, None, reason, text))
+    if bad:
+        # Good rows arrive in order with their position among good rows; a skipped bad row
+        # shifts every later good row by one. k_j = b_j - j is how many good rows precede the
+        # j-th bad row, so a good row g lies after every bad row with k_j < g.
+        numbers = sorted(b[0] for b in bad)
+        shift = f"__kv_shift_{tag}"
+        con.execute(f"CREATE TEMP TABLE {shift} (k BIGINT, j BIGINT)")
+        con.executemany(
+            f"INSERT INTO {shift} VALUES (?, ?)",
+            [(b - j, j) for j, b in enumerate(numbers, start=1)],
+        )
+        source.cleanup.append(shift)
+        source.relation = (
+            f"(SELECT t.*, t.__kv_good + coalesce(s.j, 0) AS __kv_datarow FROM {table} t "
+            f"ASOF LEFT JOIN {shift} s ON t.__kv_good > s.k)"
+        )
+        source.row_expr = "__kv_datarow"
+    if good == 0 and not bad:
+        source.empty = True
+    for name in names:
+        source.columns[name] = (sql_ident(name), "VARCHAR")
+    # The raw text of a rejected row, re-serialised as the CSV line it came from.
+    quoted = [
+        f"CASE WHEN regexp_matches({sql_ident(n)}, '[,\"\\r\\n]') "
+        f"THEN '\"' || replace({sql_ident(n)}, '\"', '\"\"') || '\"' "
+        f"ELSE {sql_ident(n)} END"
+        for n in names
+    ]
+    source.raw_expr = "concat_ws(',', " + ", ".join(quoted) + ")"
+
+    def extra(known: set[str]) -> str | None:
+        unknown = [n for n in names if n not in known]
+        if not unknown:
+            return None
+        entries = (
+            "list_filter(["
+            + ", ".join(
+                f"struct_pack(k := {sql_str(n)}, v := to_json(NULLIF({sql_ident(n)}, '')))"
+                for n in unknown
+            )
+            + "], lambda e: e.v IS NOT NULL)"
+        )
+        return f"CASE WHEN len({entries}) > 0 THEN to_json(map_from_entries({entries})) END"
+
+    source.extra_keys = extra
+    return source
+
+
+def _csv_error(path: Path, compression, exc: Exception) -> EvidenceError:
+    text = str(exc)
+    if compression and ("compress" in text.lower() or "truncat" in text.lower()):
+        return _decompress_error(path, compression, exc)
+    if "UTF8" in text or "utf8" in text.lower():
+        return EvidenceError("not valid UTF-8 text, so not a CSV file")
+    return EvidenceError(f"not a readable CSV file ({text.strip().splitlines()[0]})")
+
+
+# --- Parquet ------------------------------------------------------------------------------
+
+
+def _open_parquet(con, path: Path, compression, tag: str, progress) -> Source:
+    import pyarrow as pa
+
+    temp_files: list[str] = []
+    target = path
+    if compression:
+        # Parquet needs random access, so a compressed Parquet file is inflated to disk first.
+        stream, raw = _stream(path, compression)
+        fd, name = tempfile.mkstemp(suffix=".parquet", prefix="kv-forensics-")
+        temp_files.append(name)
+        total = path.stat().st_size
+        try:
+            with os.fdopen(fd, "wb") as out:
+                while True:
+                    try:
+                        block = stream.read(_BLOCK)
+                    except (OSError, pa.ArrowException) as exc:
+                        raise _decompress_error(path, compression, exc) from None
+                    if not block:
+                        break
+                    out.write(block)
+                    if progress:
+                        progress(raw.tell(), total)
+        except BaseException:
+            os.unlink(name)
+            raise
+        finally:
+            stream.close()
+        target = Path(name)
+
+    import duckdb
+
+    relation = f"read_parquet({sql_str(str(target))}, file_row_number = true)"
+    try:
+        described = con.execute(f"DESCRIBE SELECT * FROM {relation}").fetchall()
+    except duckdb.Error as exc:
+        for name in temp_files:
+            os.unlink(name)
+        first = str(exc).strip().splitlines()[0]
+        raise EvidenceError(f"not a readable Parquet file ({first})") from None
+    source = Source(
+        relation=relation,
+        columns={},
+        row_expr="file_row_number + 1",
+        raw_expr="NULL",
+        temp_files=temp_files,
+    )
+    names = [(r[0], r[1]) for r in described if r[0] != "file_row_number"]
+    for name, dtype in names:
+        source.columns[name] = (sql_ident(name), dtype)
+    source.raw_expr = (
+        (
+            "to_json(struct_pack("
+            + ", ".join(f"{sql_ident(n)} := {sql_ident(n)}" for n, _ in names)
+            + "))"
+        )
+        if names
+        else "NULL"
+    )
+
+    def extra(known: set[str]) -> str | None:
+        unknown = [n for n, _ in names if n not in known]
+        if not unknown:
+            return None
+        entries = (
+            "list_filter(["
+            + ", ".join(
+                f"struct_pack(k := {sql_str(n)}, v := to_json({sql_ident(n)}))" for n in unknown
+            )
+            + "], lambda e: e.v IS NOT NULL)"
+        )
+        return f"CASE WHEN len({entries}) > 0 THEN to_json(map_from_entries({entries})) END"
+
+    source.extra_keys = extra
+    return source
