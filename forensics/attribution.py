@@ -170,6 +170,10 @@ def attribute(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) -> Attribu
         rows += replayed
         if warning:
             result.warnings.append(("replay_drift", f"{node} rank {rank}: {warning}"))
+        if warning or any(m[5] != "engine_legs" for m in members):
+            # An approximate replay (client times only, or a pool that drifted) may miss a
+            # writer: add the temporal candidates of any tenant it did not name.
+            temporal_victims += [m[0] for m in members]
     if rows:
         _insert_exposures(con, rows)
     if temporal_victims:

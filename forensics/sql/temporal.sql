@@ -56,4 +56,7 @@ WITH tiers AS (
 SELECT vid, vt, request_id, tenant_id, 'temporal', tokens, confidence,
        row_number() OVER (PARTITION BY vid ORDER BY tier, free_at DESC, request_id),
        free_at, NULL, NULL
-FROM tiers;
+FROM tiers t
+-- Where an (approximate) replay already named a tenant for this victim, keep its row only.
+WHERE NOT EXISTS (SELECT 1 FROM findings_exposures e
+                  WHERE e.recipient_request_id = t.vid AND e.source_tenant_id = t.tenant_id);

@@ -1,0 +1,92 @@
+"""End to end against ground truth: simulate a case, ingest it, detect, compare with truth/.
+
+The simulator models the mechanism (allocator, writers, bug path) and writes the answer; these
+tests hold detection to it, with complete logs and with evidence taken away.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from forensics.case import load_case
+from forensics.db import connect
+from forensics.detect import detect_case
+from forensics.evaluate import evaluate
+from forensics.ingest import ingest_case
+from forensics.simulate import simulate_case
+
+
+@pytest.fixture(scope="module", params=[(3, 6000), (11, 9000)], ids=["seed3", "seed11"])
+def loaded_case(request, tmp_path_factory):
+    seed, n = request.param
+    folder = tmp_path_factory.mktemp(f"sim{seed}")
+    simulate_case(folder, requests=n, seed=seed, kv_allocations=True)
+    case = load_case(folder / "case.toml")
+    result = ingest_case(case)
+    assert not result.errors
+    return case
+
+
+def _fresh(case, tmp_path):
+    """A private copy of the loaded database, so each test may take evidence away."""
+    copy = tmp_path / "case.duckdb"
+    shutil.copy(case.database, copy)
+    return connect(copy)
+
+
+def test_complete_logs_find_every_affected_response_and_exact_sources(loaded_case, tmp_path):
+    con = _fresh(loaded_case, tmp_path)
+    con.execute("DELETE FROM kv_allocations")  # allocator replay, not the log
+    detect_case(con, loaded_case)
+    ev = evaluate(con, loaded_case.folder / "truth")
+    assert ev.affected.true_positive > 0
+    assert ev.affected.recall == 1.0 and ev.affected.precision == 1.0, ev.lines()
+    assert ev.exclusions_exact, ev.exclusion_mismatches
+    assert ev.methods.keys() == {"allocator_replay"}
+    assert ev.source_pairs.recall == 1.0 and ev.source_pairs.precision == 1.0, ev.lines()
+
+
+def test_allocation_log_gives_exact_sources(loaded_case, tmp_path):
+    con = _fresh(loaded_case, tmp_path)
+    detect_case(con, loaded_case)
+    ev = evaluate(con, loaded_case.folder / "truth")
+    assert ev.methods.keys() == {"allocation_log"}
+    assert ev.source_pairs.recall == 1.0 and ev.source_pairs.precision == 1.0, ev.lines()
+    assert set(con.execute("SELECT DISTINCT confidence FROM findings_exposures").fetchall()) == {
+        ("exact",)
+    }
+
+
+def test_temporal_only_keeps_every_source_tenant_ranked(loaded_case, tmp_path):
+    con = _fresh(loaded_case, tmp_path)
+    con.execute("DELETE FROM kv_allocations")
+    con.execute("DELETE FROM pool_snapshots WHERE role = 'decode'")
+    summary = detect_case(con, loaded_case)
+    ev = evaluate(con, loaded_case.folder / "truth")
+    assert ev.methods.keys() == {"temporal"}
+    assert ev.affected.recall == 1.0
+    assert ev.source_pairs.recall == 1.0 and ev.source_tenants.recall == 1.0, ev.lines()
+    assert any("no pool snapshot" in w for w in summary.warnings)
+    ranks = con.execute(
+        """SELECT count(*) = count(DISTINCT (recipient_request_id, rank)) AND min(rank) = 1
+           FROM findings_exposures"""
+    ).fetchone()[0]
+    assert ranks
+
+
+@pytest.mark.parametrize("removed", ["engine_legs", "pool_snapshots", "placement"])
+def test_each_evidence_kind_removed_keeps_recall(loaded_case, tmp_path, removed):
+    con = _fresh(loaded_case, tmp_path)
+    con.execute("DELETE FROM kv_allocations")
+    if removed == "placement":
+        con.execute("UPDATE requests SET prefill_node = NULL, decode_node = NULL, dp_rank = NULL")
+    else:
+        con.execute(f"DELETE FROM {removed}")
+    summary = detect_case(con, loaded_case)
+    ev = evaluate(con, loaded_case.folder / "truth")
+    assert summary.warnings
+    assert ev.affected.recall == 1.0, ev.lines()
+    assert ev.exclusions_exact
+    assert ev.source_tenants.recall == 1.0 or not ev.methods, ev.lines()
