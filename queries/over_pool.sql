@@ -6,12 +6,26 @@ WITH floor AS (
   SELECT least((SELECT min(threshold_tokens) FROM prefill_limits),
                $default_threshold_tokens) AS tokens
 ),
-candidates AS (
+long_ok AS (
   SELECT r.*
   FROM scoped_requests r, floor f
   WHERE r.prompt_tokens >= f.tokens
     AND r.http_status BETWEEN 200 AND 299
     AND coalesce(lower(r.finish_reason), '') <> 'abort'
+),
+-- Where the client record does not say where the request ran, its engine legs may.
+placed AS (
+  SELECT client_request_id,
+         min(node) FILTER (WHERE role IN ('prefill', 'unified')) AS leg_prefill_node,
+         min(node) FILTER (WHERE role IN ('decode', 'unified')) AS leg_decode_node
+  FROM matched_legs
+  WHERE client_request_id IN (SELECT request_id FROM long_ok)
+  GROUP BY client_request_id
+),
+candidates AS (
+  SELECT o.* REPLACE (coalesce(o.prefill_node, p.leg_prefill_node) AS prefill_node,
+                      coalesce(o.decode_node, p.leg_decode_node) AS decode_node)
+  FROM long_ok o LEFT JOIN placed p ON p.client_request_id = o.request_id
 ),
 with_node AS (
   SELECT c.*, l.threshold_tokens AS node_threshold, l.context_length AS node_context,
