@@ -1,0 +1,219 @@
+"""``forensics ingest`` and ``forensics status``: load evidence, show what is loaded."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from forensics.cli import app, handle_errors
+from forensics.schema import KINDS
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from forensics.ingest import IngestResult, StatusReport
+
+Kind = StrEnum("Kind", {k: k for k in KINDS})
+
+# Files smaller than this load too fast for a progress bar to help.
+_BAR_BYTES = 8 << 20
+
+
+@app.command()
+def ingest(
+    target: str = typer.Argument(..., help="CASE.toml, or the case database for the file form."),
+    files: list[str] = typer.Argument(None, help="Evidence files or globs (file form only)."),
+    kind: Kind | None = typer.Option(None, "--kind", help="Evidence kind of FILE... (file form)."),
+    fmt: str = typer.Option("canonical", "--format", help="Evidence format (file form)."),
+    timezone: str = typer.Option(
+        "UTC", "--timezone", help="Zone of timestamps without an offset (file form)."
+    ),
+) -> None:
+    """Load evidence: `ingest CASE.toml`, or `ingest DB FILE... --kind KIND [--format F]`."""
+    from forensics.case import FORMATS
+
+    if target.endswith(".toml"):
+        if files or kind is not None:
+            raise typer.BadParameter(
+                "with a CASE.toml, files and --kind come from its [[evidence]] entries"
+            )
+    else:
+        if not files:
+            raise typer.BadParameter(
+                "give CASE.toml, or a database followed by evidence files", param_hint="FILE..."
+            )
+        if kind is None:
+            raise typer.BadParameter("the file form needs --kind", param_hint="--kind")
+        if fmt not in FORMATS:
+            raise typer.BadParameter(
+                f"{fmt!r} is not one of {', '.join(FORMATS)}", param_hint="--format"
+            )
+    _ingest(target, files or [], kind.value if kind else None, fmt, timezone)
+
+
+@handle_errors
+def _ingest(target: str, files: list[str], kind: str | None, fmt: str, timezone: str) -> None:
+    from rich.console import Console
+
+    from forensics.ingest import ingest_case, ingest_paths
+
+    console = Console(stderr=True)
+    with _Bar(console) as progress:
+        if kind is None:
+            from forensics.case import load_case
+
+            case = load_case(target)
+            result = ingest_case(case, progress=progress)
+            where = case.database
+        else:
+            result = ingest_paths(target, files, kind, fmt, timezone, progress=progress)
+            where = Path(target)
+    _summary(Console(width=max(Console().width, 120)), result, where)
+    if result.failures:
+        for failure in result.failures:
+            typer.secho(f"Error: {failure}", err=True, fg="red")
+        raise typer.Exit(1)
+
+
+class _Bar:
+    """A rich progress bar that appears only for files large enough to need one."""
+
+    def __init__(self, console: Console):
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
+
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
+        )
+        self.tasks: dict[str, int] = {}
+
+    def __enter__(self) -> _Bar:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(*exc)
+
+    def __call__(self, label: str, done: int, total: int) -> None:
+        if total < _BAR_BYTES:
+            return
+        if label not in self.tasks:
+            self.tasks[label] = self.progress.add_task(Path(label).name, total=total)
+        self.progress.update(self.tasks[label], completed=done)
+
+
+def _summary(console: Console, result: IngestResult, where: Path) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"Evidence loaded into {where}", title_justify="left")
+    table.add_column("file", overflow="fold")
+    table.add_column("kind")
+    for name in ("read", "loaded", "rejected"):
+        table.add_column(name, justify="right")
+    table.add_column("status")
+    for f in result.files:
+        status = "already loaded" if f.skipped else "loaded"
+        if f.rows_rejected and not f.skipped:
+            status = "loaded, with rejects"
+        table.add_row(
+            f.path, f.kind, f"{f.rows_read:,}", f"{f.rows_loaded:,}", f"{f.rows_rejected:,}", status
+        )
+    for failure in result.failures:
+        table.add_row(failure.path, failure.kind, "-", "-", "-", "[red]FAILED[/red]")
+    console.print(table)
+    console.print(
+        f"{result.files_loaded} loaded, {result.files_skipped} already loaded, "
+        f"{len(result.failures)} failed; rows read {result.rows_read:,}, "
+        f"loaded {result.rows_loaded:,}, rejected {result.rows_rejected:,}",
+        highlight=False,
+    )
+    if result.rows_rejected:
+        console.print("Rejected rows are in the rejects table: see `forensics status`.")
+
+
+@app.command()
+@handle_errors
+def status(case_path: Path = typer.Argument(..., help="The case manifest (case.toml).")) -> None:
+    """Show the evidence loaded: files, sha256, rows, rejects, time span."""
+    from rich.console import Console
+
+    from forensics.case import load_case
+    from forensics.db import connect
+    from forensics.errors import ForensicsError
+    from forensics.ingest import evidence_status
+
+    case = load_case(case_path)
+    if not case.database.exists():
+        raise ForensicsError(
+            f"{case.database}: no case database yet; run `forensics ingest {case_path}` first"
+        )
+    con = connect(case.database, read_only=True)
+    try:
+        report = evidence_status(con)
+    finally:
+        con.close()
+    _print_status(Console(width=max(Console().width, 140)), report, case.database)
+
+
+def _when(value) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%SZ") if value else "-"
+
+
+def _print_status(console: Console, report: StatusReport, where: Path) -> None:
+    from rich.table import Table
+
+    if not report.files:
+        console.print(f"No evidence loaded in {where} yet.")
+        return
+    files = Table(title=f"Evidence in {where}", title_justify="left")
+    for name in ("path", "kind", "format", "sha256"):
+        files.add_column(name, overflow="fold")
+    for name in ("rows", "rejects"):
+        files.add_column(name, justify="right")
+    files.add_column("first (UTC)")
+    files.add_column("last (UTC)")
+    for f in report.files:
+        files.add_row(
+            f.path,
+            f.kind,
+            f.format,
+            f.sha256[:12],
+            f"{f.rows_loaded:,}",
+            f"{f.rows_rejected:,}",
+            _when(f.first_at),
+            _when(f.last_at),
+        )
+    console.print(files)
+    console.print(
+        f"Total: {len(report.files)} files, {report.bytes:,} bytes, rows read "
+        f"{report.rows_read:,}, loaded {report.rows_loaded:,}, rejected {report.rows_rejected:,}",
+        highlight=False,
+    )
+    spans = Table(title="Time span per kind", title_justify="left")
+    for name in ("kind", "files", "rows", "first (UTC)", "last (UTC)"):
+        spans.add_column(name, justify="right" if name in ("files", "rows") else "left")
+    for s in report.spans:
+        spans.add_row(s.kind, str(s.files), f"{s.rows:,}", _when(s.first_at), _when(s.last_at))
+    console.print(spans)
+    if not report.rejects:
+        console.print("No rejected rows.")
+        return
+    rejects = Table(title="Rejected rows by reason", title_justify="left")
+    for name in ("kind", "column", "reason", "rows", "first example"):
+        rejects.add_column(name, justify="right" if name == "rows" else "left", overflow="fold")
+    for r in report.rejects:
+        rejects.add_row(r.kind, r.column or "-", r.reason, f"{r.rows:,}", r.example)
+    console.print(rejects)
