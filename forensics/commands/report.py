@@ -13,9 +13,13 @@ from forensics.errors import ForensicsError
 
 CASE_ARG = typer.Argument(..., help="The case manifest (case.toml).")
 OUT_OPT = typer.Option(None, "--out", help="Output folder (default: report/ beside the manifest).")
-AS_OF_OPT = typer.Option(
-    None, "--as-of", help="Report time, RFC 3339 (default: the manifest's as_of or end)."
-)
+
+
+def _check_as_of(value: str | None) -> str | None:
+    # Runs while parsing options, so a bad timestamp is a usage error (exit 2).
+    if value is not None:
+        _as_of(value)
+    return value
 
 
 def _as_of(value: str | None) -> datetime | None:
@@ -27,6 +31,14 @@ def _as_of(value: str | None) -> datetime | None:
         return parse_instant(value)
     except ValueError as exc:
         raise typer.BadParameter(f"not an RFC 3339 timestamp: {value!r} ({exc})") from None
+
+
+AS_OF_OPT = typer.Option(
+    None,
+    "--as-of",
+    callback=_check_as_of,
+    help="Report time, RFC 3339 (default: the manifest's as_of or end).",
+)
 
 
 def _open(case_path: Path):

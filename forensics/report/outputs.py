@@ -135,7 +135,6 @@ def write_report(
         ForensicsError: no findings, no redaction key, or no way to tell the generation time.
     """
     from forensics.report.charts import build_charts
-    from forensics.report.notices import assign_slugs, notice_context, scrub_others
     from forensics.report.render import environment, report_context
     from forensics.scope import require_findings, scope_case
 
@@ -175,19 +174,17 @@ def write_report(
             "Run without --redact to write them."
         )
     else:
-        template = env.get_template("notice.md.j2")
-        others = sorted(tenant_ids)
-        for tenant, slug in sorted(assign_slugs(list(scope.tenants)).items()):
-            nctx = notice_context(con, scope, tenant)
-            nctx.update(
-                case_id=scrub_others(case.id, tenant, others),
-                generated_at=iso(generated_at),
-                window_start=data.window["start"],
-                window_end=data.window["end"],
-            )
-            path = out / "notices" / f"{slug}.md"
-            _write(path, template.render(nctx), written)
-            notices.append(path)
+        notices = write_notices(
+            con,
+            case,
+            scope,
+            out / "notices",
+            generated_at=generated_at,
+            window=data.window,
+            tenant_ids=tenant_ids,
+            env=env,
+        )
+        written += notices
 
     manifest = _manifest(case, data, out, written, redact)
     _write(out / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n", written)
@@ -195,6 +192,47 @@ def write_report(
     summary["conclusion"] = data.exploitation_summary["conclusion"]
     summary["level"] = data.exploitation_summary["level"]
     return ReportResult(out, written, notices, bool(redact), generated_at, summary, messages)
+
+
+def write_notices(
+    con: duckdb.DuckDBPyConnection,
+    case: Case,
+    scope: Scope,
+    folder: Path,
+    *,
+    generated_at: datetime,
+    window: dict[str, str],
+    tenant_ids: set[str],
+    env=None,
+) -> list[Path]:
+    """Write one notice per notified tenant into ``folder``; return the paths, sorted by tenant.
+
+    Args:
+        con: the case database.
+        case: the case manifest (its id is quoted in every notice).
+        scope: who is notified, in which roles.
+        folder: the notices folder (created when missing).
+        generated_at: the date printed on the notices.
+        window: ``start`` and ``end`` of the exposure window (ISO strings, may be empty).
+        tenant_ids: every tenant id of the case, scrubbed from the free text of other notices.
+        env: a template environment (default: :func:`forensics.report.render.environment`).
+    """
+    from forensics.report.notices import assign_slugs, notice_context, scrub_others
+    from forensics.report.render import environment
+
+    template = (env or environment()).get_template("notice.md.j2")
+    others = sorted(tenant_ids | set(scope.tenants))
+    written: list[Path] = []
+    for tenant, slug in sorted(assign_slugs(list(scope.tenants)).items()):
+        ctx = notice_context(con, scope, tenant)
+        ctx.update(
+            case_id=scrub_others(case.id, tenant, others),
+            generated_at=iso(generated_at),
+            window_start=window.get("start", ""),
+            window_end=window.get("end", ""),
+        )
+        _write(folder / f"{slug}.md", template.render(ctx), written)
+    return written
 
 
 def _manifest(case: Case, data, out: Path, written: list[Path], redact: bool) -> dict[str, Any]:

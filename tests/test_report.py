@@ -1,0 +1,563 @@
+"""Report outputs on hand-built findings: structure, numbers, notices, redaction, determinism."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from fixtures.findings.builder import REQUESTS, TRAVERSAL, XSS, build
+from typer.testing import CliRunner
+
+from forensics.cli import app
+from forensics.errors import ForensicsError
+from forensics.report import write_report
+from forensics.report.notices import assign_slugs, tenant_slug
+
+SECTIONS = [
+    "summary",
+    "timeline",
+    "methodology",
+    "exclusions",
+    "affected-tenants",
+    "source-tenants",
+    "exploitation",
+    "coverage",
+    "charts",
+    "evidence",
+]
+ALL_TENANTS = sorted({r[1] for r in REQUESTS})
+ALL_REQUESTS = sorted(r[0] for r in REQUESTS)
+VOID = {"meta", "br", "hr", "img", "input", "link", "col", "area", "base", "source", "wbr"}
+
+
+class Node:
+    def __init__(self, tag: str, attrs: dict[str, str | None], parent: Node | None):
+        self.tag, self.attrs, self.parent = tag, attrs, parent
+        self.children: list[Node | str] = []
+
+    @property
+    def text(self) -> str:
+        parts = [c if isinstance(c, str) else c.text for c in self.children]
+        return " ".join("".join(parts).split())
+
+    def iter(self):
+        yield self
+        for c in self.children:
+            if isinstance(c, Node):
+                yield from c.iter()
+
+    def find_all(self, tag: str) -> list[Node]:
+        return [n for n in self.iter() if n.tag == tag]
+
+    def by_id(self, id_: str) -> Node:
+        found = [n for n in self.iter() if n.attrs.get("id") == id_]
+        assert len(found) == 1, f"expected one element with id {id_!r}, found {len(found)}"
+        return found[0]
+
+    def table(self) -> tuple[list[str], list[list[str]]]:
+        head = [th.text for th in self.find_all("th")]
+        body = [
+            [td.text for td in tr.find_all("td")] for tr in self.find_all("tr") if tr.find_all("td")
+        ]
+        return head, body
+
+
+class TreeBuilder(HTMLParser):
+    """A small DOM from the standard library parser (tags, attributes, text)."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.root = Node("#root", {}, None)
+        self.cur = self.root
+
+    def handle_starttag(self, tag, attrs):
+        node = Node(tag, dict(attrs), self.cur)
+        self.cur.children.append(node)
+        if tag == "br":
+            self.cur.children.append(" ")
+        if tag not in VOID:
+            self.cur = node
+
+    def handle_startendtag(self, tag, attrs):
+        self.cur.children.append(Node(tag, dict(attrs), self.cur))
+
+    def handle_endtag(self, tag):
+        node = self.cur
+        while node is not None and node.tag != tag:
+            node = node.parent
+        assert node is not None, f"stray </{tag}>"
+        self.cur = node.parent
+
+    def handle_data(self, data):
+        self.cur.children.append(data)
+
+
+def parse(html: str) -> Node:
+    builder = TreeBuilder()
+    builder.feed(html)
+    builder.close()
+    return builder.root
+
+
+def read_csv(path: Path) -> tuple[list[str], list[dict]]:
+    with path.open(newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        return list(reader.fieldnames or []), list(reader)
+
+
+def num(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("report")
+    case, con = build(folder)
+    out = folder / "deep" / "missing" / "out"
+    result = write_report(con, case, out)
+    html = (out / "report.html").read_text(encoding="utf-8")
+    yield {
+        "case": case,
+        "con": con,
+        "out": out,
+        "result": result,
+        "html": html,
+        "dom": parse(html),
+        "folder": folder,
+    }
+    con.close()
+
+
+def test_writes_exactly_the_fixed_outputs_into_created_folders(report):
+    out = report["out"]
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    slugs = assign_slugs([XSS, TRAVERSAL, "acct_alpha", "acct_beta", "acct_gamma"])
+    assert files == sorted(
+        [
+            "report.html",
+            "report.md",
+            "affected_responses.csv",
+            "exposures.csv",
+            "notifications.csv",
+            "manifest.json",
+        ]
+        + [f"notices/{s}.md" for s in slugs.values()]
+    )
+    assert report["result"].files[-1] == out / "manifest.json"
+
+
+def test_csv_columns_are_the_contract(report):
+    out = report["out"]
+    assert read_csv(out / "affected_responses.csv")[0] == [
+        "request_id",
+        "tenant_id",
+        "received_at",
+        "prompt_tokens",
+        "threshold_tokens",
+        "verdict",
+        "signals",
+        "excluded_by",
+    ]
+    assert read_csv(out / "exposures.csv")[0] == [
+        "recipient_request_id",
+        "recipient_tenant_id",
+        "source_request_id",
+        "source_tenant_id",
+        "method",
+        "tokens",
+        "confidence",
+    ]
+    assert read_csv(out / "notifications.csv")[0] == [
+        "tenant_id",
+        "role",
+        "responses",
+        "first_at",
+        "last_at",
+        "confidence",
+    ]
+
+
+def test_csv_rows_are_sorted_and_timestamps_are_utc_z(report):
+    _, affected = read_csv(report["out"] / "affected_responses.csv")
+    keys = [(r["received_at"], r["request_id"]) for r in affected]
+    assert keys == sorted(keys)
+    _, notes = read_csv(report["out"] / "notifications.csv")
+    assert [(n["tenant_id"], n["role"]) for n in notes] == sorted(
+        (n["tenant_id"], n["role"]) for n in notes
+    )
+    stamps = [r["received_at"] for r in affected] + [n["first_at"] for n in notes]
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", s) for s in stamps)
+
+
+def test_every_section_has_an_id_and_a_nav_link(report):
+    dom = report["dom"]
+    for section in SECTIONS:
+        assert dom.by_id(section).tag == "section"
+    links = [
+        a.attrs["href"]
+        for a in dom.by_id("summary").parent.find_all("a")
+        if a.attrs.get("href", "").startswith("#")
+    ]
+    assert links == [f"#{s}" for s in SECTIONS]
+
+
+def test_summary_numbers_match_the_csvs(report):
+    dom, out = report["dom"], report["out"]
+    _, affected = read_csv(out / "affected_responses.csv")
+    _, notes = read_csv(out / "notifications.csv")
+
+    def value(fact: str) -> str:
+        spans = [n for n in dom.by_id(fact).iter() if "value" in n.attrs.get("class", "")]
+        return spans[0].text
+
+    customer = [
+        r for r in affected if r["verdict"] in ("confirmed", "likely") and not r["excluded_by"]
+    ]
+    assert num(value("fact-affected")) == len(customer) == 3
+    assert num(value("fact-recipients")) == sum(n["role"] == "recipient" for n in notes) == 2
+    assert num(value("fact-sources")) == sum(n["role"] == "source" for n in notes) == 3
+    assert sum(int(n["responses"]) for n in notes if n["role"] == "recipient") == len(customer)
+    assert value("fact-window") == "2026-09-01T00:00:00Z to 2026-09-02T00:00:00Z"
+    assert "researcher only" in value("fact-exploitation")
+    for fact in (
+        "fact-affected",
+        "fact-recipients",
+        "fact-sources",
+        "fact-window",
+        "fact-exploitation",
+    ):
+        basis = [n for n in dom.by_id(fact).iter() if n.attrs.get("class") == "basis"]
+        assert basis and basis[0].text, f"{fact} has no basis"
+
+
+def test_tenant_tables_match_notifications_csv(report):
+    dom, out = report["dom"], report["out"]
+    _, notes = read_csv(out / "notifications.csv")
+    for role, table in (("recipient", "table-recipients"), ("source", "table-sources")):
+        _, body = dom.by_id(table).table()
+        assert [(r[0], num(r[1]), r[2], r[3], r[4]) for r in body] == [
+            (n["tenant_id"], int(n["responses"]), n["first_at"], n["last_at"], n["confidence"])
+            for n in notes
+            if n["role"] == role
+        ]
+    _, excluded = dom.by_id("table-excluded-recipients").table()
+    assert excluded == [["acct_internal", "internal", "1"], ["acct_researcher", "researcher", "2"]]
+    _, possible = dom.by_id("table-possible").table()
+    assert possible == [["acct_gamma", "1"]]
+
+
+def test_methodology_lists_every_detector_with_parameters_and_hits(report):
+    head, body = report["dom"].by_id("table-detectors").table()
+    assert head[-1] == "Hits"
+    assert [(r[0].split()[0], num(r[-1])) for r in body] == [
+        ("over_pool", 6),
+        ("prefill_rejected", 4),
+        ("token_mismatch", 1),
+        ("latency_too_good", 2),
+        ("decode_rejected", 0),
+    ]
+    assert body[0][3] == "default_pool_tokens = 681280"
+    _, methods = report["dom"].by_id("table-methods").table()
+    assert methods == [["allocation_log", "1"], ["allocator_replay", "4"], ["temporal", "3"]]
+    assert "kv_allocations missing" in report["dom"].by_id("warnings").text
+
+
+def test_exclusions_exploitation_coverage_tables(report):
+    dom = report["dom"]
+    _, excl = dom.by_id("table-exclusions").table()
+    assert [(r[0], num(r[3]), num(r[4]), num(r[5])) for r in excl] == [
+        ("researcher", 2, 2, 1),
+        ("internal", 2, 1, 1),
+    ]
+    _, expl = dom.by_id("table-exploitation").table()
+    assert [(r[0], r[1]) for r in expl] == [("acct_researcher", "high"), ("acct_alpha", "low")]
+    _, cov = dom.by_id("table-coverage").table()
+    assert [(r[0], r[1], num(r[5])) for r in cov] == [
+        ("client_only", "-", 0),
+        ("node", "decode-1", 0),
+        ("node", "decode-3", 1),
+    ]
+
+
+def test_timeline_has_manifest_and_derived_events(report):
+    _, body = report["dom"].by_id("table-timeline").table()
+    events = [(r[0], r[1], r[2]) for r in body]
+    assert [e[0] for e in events] == sorted(e[0] for e in events)
+    assert (
+        "2026-09-01T20:00:00Z",
+        "manifest",
+        "Report received through the bug bounty programme",
+    ) in events
+    assert (
+        "2026-09-01T10:00:00Z",
+        "findings",
+        "First affected response (confirmed): request r-a1",
+    ) in events
+    assert any(e[2].startswith("Last affected response") and "r-int1" in e[2] for e in events)
+    changes = [e for e in events if e[1] == "pool snapshots"]
+    # prefill-1 changed once (15:00); the 10:30 snapshot repeated the same values.
+    assert changes == [
+        (
+            "2026-09-01T15:00:00Z",
+            "pool snapshots",
+            "Configuration change on prefill-1: max_total_num_tokens 681,280 -> 1,048,576, "
+            "max_req_input_len 681,274 -> 1,048,570",
+        )
+    ]
+
+
+def test_evidence_table_matches_manifest_json(report):
+    _, body = report["dom"].by_id("table-evidence").table()
+    manifest = json.loads((report["out"] / "manifest.json").read_text())
+    assert [(r[0], r[3], num(r[4]), num(r[5])) for r in body] == [
+        (i["path"], i["sha256"], i["rows"], i["rejects"]) for i in manifest["inputs"]
+    ]
+    assert [i["path"] for i in manifest["inputs"]] == [
+        "evidence/pool.jsonl",
+        "evidence/requests.jsonl",
+    ]
+
+
+def test_manifest_hashes_every_output(report):
+    out = report["out"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    listed = {o["path"]: o["sha256"] for o in manifest["outputs"]}
+    on_disk = {
+        p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in out.rglob("*")
+        if p.is_file() and p.name != "manifest.json"
+    }
+    assert listed == on_disk
+    case_sha = hashlib.sha256(report["case"].path.read_bytes()).hexdigest()
+    assert manifest["case"]["manifest_sha256"] == case_sha
+    assert manifest["query_set_hash"] == "f" * 64
+    assert manifest["tool"]["version"]
+    assert manifest["generated_at"] == "2026-09-02T00:00:00Z"
+
+
+def test_charts_are_inline_svg_with_captions(report):
+    dom = report["dom"]
+    for chart in ("chart-over-time", "chart-ttft", "chart-nodes"):
+        fig = dom.by_id(chart)
+        assert fig.tag == "figure"
+        assert len(fig.find_all("svg")) == 1, chart
+        assert fig.find_all("figcaption")[0].text
+    caption = dom.by_id("chart-ttft").find_all("figcaption")[0].text
+    assert "7 flagged" in caption and "all 9 unflagged" in caption
+
+
+def test_page_is_self_contained(report):
+    dom, html = report["dom"], report["html"]
+    for tag in ("script", "link", "iframe", "object", "embed", "img", "base"):
+        assert dom.find_all(tag) == [], tag
+    urls = [
+        v
+        for n in dom.iter()
+        for k, v in n.attrs.items()
+        if v and (k in ("src", "href", "xmlns", "action") or "url(" in v)
+    ]
+    assert all(u.startswith("#") for u in urls), urls
+    assert "://" not in html
+    assert not any(k.startswith("on") for n in dom.iter() for k in n.attrs)
+
+
+def test_hostile_tenant_id_renders_as_text(report):
+    dom, html = report["dom"], report["html"]
+    assert "<img src=x" not in html
+    cells = [td.text for td in dom.by_id("table-recipients").find_all("td")]
+    assert XSS in cells
+
+
+def test_markdown_has_the_same_numbers_and_escapes_html(report):
+    md = (report["out"] / "report.md").read_text(encoding="utf-8")
+    assert "| Affected responses | 3 |" in md
+    assert "| Recipient tenants | 2 |" in md
+    assert "| Source tenants | 3 |" in md
+    assert "| `<img src=x onerror=alert(1)>` | 1 |" in md  # a code span renders literally
+    assert "\n<img" not in md
+    for title in (
+        "Executive summary",
+        "Timeline",
+        "Methodology",
+        "Exclusions",
+        "Affected tenants",
+        "Exposed tenants",
+        "Exploitation assessment",
+        "Log coverage",
+        "Charts",
+        "Evidence manifest",
+    ):
+        assert f"\n## {title}" in md
+
+
+def _other_ids(tenant: str) -> list[str]:
+    own_requests = {r[0] for r in REQUESTS if r[1] == tenant}
+    return [t for t in ALL_TENANTS if t != tenant] + [
+        r for r in ALL_REQUESTS if r not in own_requests
+    ]
+
+
+def test_notices_hold_only_their_own_tenant(report):
+    slugs = assign_slugs([XSS, TRAVERSAL, "acct_alpha", "acct_beta", "acct_gamma"])
+    for tenant, slug in slugs.items():
+        text = (report["out"] / "notices" / f"{slug}.md").read_text(encoding="utf-8")
+        assert tenant in text
+        leaked = [x for x in _other_ids(tenant) if x in text]
+        assert leaked == [], f"notice of {tenant!r} mentions {leaked}"
+
+
+def test_notice_contents_by_role(report):
+    notices = report["out"] / "notices"
+    alpha = (notices / "acct_alpha.md").read_text()
+    assert "| `r-a1` | 2026-09-01T10:00:00Z | 700,000 | confirmed |" in alpha
+    assert "| `r-a2` | 2026-09-01T10:01:00Z | 690,000 | likely |" in alpha
+    assert "exposed" not in alpha  # recipient only: no source section
+    beta = (notices / "acct_beta.md").read_text()
+    assert "| `r-b3` | 2026-09-01T11:00:00Z | 1 |" in beta
+    assert "3 responses" in beta and "Responses you received" not in beta
+
+
+@pytest.mark.parametrize(
+    "tenant", ["../../etc/passwd", XSS, "", "...", "CON", "a/b\\c", "x" * 300, "ÄÖ", "acct_1"]
+)
+def test_slugs_are_safe_file_names(tenant):
+    slug = tenant_slug(tenant)
+    assert re.fullmatch(r"[a-z0-9_-]{1,64}", slug)
+    assert slug not in ("con", "nul")
+
+
+def test_slugs_never_collide():
+    tenants = ["Acct", "acct", "ACCT", "a c c t", "a-c-c-t", "a/c/c/t", "a.c.c.t"]
+    slugs = assign_slugs(tenants)
+    assert len(set(slugs.values())) == len(tenants)
+    assert slugs["acct"] == "acct"
+
+
+def test_redacted_report_has_no_tenant_ids(tmp_path):
+    case, con = build(tmp_path / "case")
+    out = tmp_path / "out"
+    write_report(con, case, out)  # unredacted first: its notices must not survive
+    result = write_report(con, case, out, redact=True, redact_key="k1")
+    assert result.notices == []
+    assert any("Notices were not written" in m for m in result.messages)
+    assert not list((out / "notices").glob("*.md"))
+    for name in (
+        "report.html",
+        "report.md",
+        "affected_responses.csv",
+        "exposures.csv",
+        "notifications.csv",
+        "manifest.json",
+    ):
+        text = (out / name).read_text(encoding="utf-8")
+        # The HTML escapes "<", so check the escaped form of the hostile id too.
+        for tenant in ALL_TENANTS + ["&lt;img src=x onerror=alert(1)&gt;"]:
+            assert tenant not in text, f"{tenant!r} in {name}"
+    _, notes = read_csv(out / "notifications.csv")
+    assert all(re.fullmatch(r"tenant-[0-9a-f]{12}", n["tenant_id"]) for n in notes)
+    assert "redaction-note" in (out / "report.html").read_text()
+    assert json.loads((out / "manifest.json").read_text())["redacted"] is True
+
+
+def test_pseudonyms_are_stable_per_key_and_differ_across_keys(tmp_path, monkeypatch):
+    case, con = build(tmp_path / "case")
+    write_report(con, case, tmp_path / "a", redact=True, redact_key="k1")
+    monkeypatch.setenv("FORENSICS_REDACT_KEY", "k1")
+    write_report(con, case, tmp_path / "b", redact=True)
+    write_report(con, case, tmp_path / "c", redact=True, redact_key="k2")
+    a, b, c = ((tmp_path / d / "notifications.csv").read_text() for d in "abc")
+    assert a == b
+    ids_a = {r["tenant_id"] for r in read_csv(tmp_path / "a" / "notifications.csv")[1]}
+    ids_c = {r["tenant_id"] for r in read_csv(tmp_path / "c" / "notifications.csv")[1]}
+    assert len(ids_a) == 5 and ids_a.isdisjoint(ids_c)
+
+
+def test_redact_without_key_fails(tmp_path, monkeypatch):
+    monkeypatch.delenv("FORENSICS_REDACT_KEY", raising=False)
+    case, con = build(tmp_path / "case")
+    with pytest.raises(ForensicsError, match="FORENSICS_REDACT_KEY"):
+        write_report(con, case, tmp_path / "out", redact=True)
+    con.close()
+    result = CliRunner().invoke(app, ["report", str(case.path), "--redact"])
+    assert result.exit_code == 1
+    assert "--redact needs a key" in result.output
+    assert not (tmp_path / "case" / "report").exists()
+
+
+def test_same_case_gives_byte_identical_outputs(tmp_path):
+    case, con = build(tmp_path / "case")
+    write_report(con, case, tmp_path / "one")
+    write_report(con, case, tmp_path / "two")
+    one = {
+        p.relative_to(tmp_path / "one"): p.read_bytes()
+        for p in (tmp_path / "one").rglob("*")
+        if p.is_file()
+    }
+    two = {
+        p.relative_to(tmp_path / "two"): p.read_bytes()
+        for p in (tmp_path / "two").rglob("*")
+        if p.is_file()
+    }
+    assert one == two
+
+
+def test_generation_time_precedence(tmp_path):
+    from datetime import UTC, datetime
+
+    from fixtures.findings.builder import CASE_TOML
+
+    case, con = build(tmp_path / "a")
+    flag = datetime(2026, 9, 30, 12, tzinfo=UTC)
+    assert write_report(con, case, tmp_path / "o1", as_of=flag).generated_at == flag
+    assert write_report(con, case, tmp_path / "o2").generated_at == datetime(2026, 9, 2, tzinfo=UTC)
+    con.close()
+    no_end = CASE_TOML.replace('end = "2026-09-02T00:00:00Z"\n', "")
+    case, con = build(tmp_path / "b", case_toml=no_end)
+    # Latest evidence timestamp: the last request (14:00).
+    assert write_report(con, case, tmp_path / "o3").generated_at == datetime(
+        2026, 9, 1, 14, tzinfo=UTC
+    )
+
+
+def test_empty_findings_render_sentences_instead_of_charts(tmp_path):
+    case, con = build(tmp_path / "case", affected=[], exposures=[])
+    out = tmp_path / "out"
+    result = write_report(con, case, out)
+    dom = parse((out / "report.html").read_text())
+    assert dom.by_id("chart-over-time").find_all("svg") == []
+    assert "nothing to plot" in dom.by_id("chart-over-time").text
+    assert dom.by_id("chart-nodes").find_all("svg") == []
+    assert result.notices == []
+    assert "No customer received foreign data." in dom.by_id("table-recipients").text
+    assert read_csv(out / "affected_responses.csv")[1] == []
+
+
+def test_report_command_writes_beside_the_manifest(tmp_path):
+    case, con = build(tmp_path / "case")
+    con.close()
+    result = CliRunner().invoke(app, ["report", str(case.path), "--as-of", "2026-09-03T00:00:00Z"])
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "case" / "report"
+    assert (out / "report.html").is_file()
+    assert json.loads((out / "manifest.json").read_text())["generated_at"] == (
+        "2026-09-03T00:00:00Z"
+    )
+    assert "Affected responses: 3" in result.output
+    assert "Recipient tenants: 2" in result.output
+
+
+def test_report_command_usage_and_data_errors(tmp_path):
+    case, con = build(tmp_path / "case")
+    con.close()
+    bad = CliRunner().invoke(app, ["report", str(case.path), "--as-of", "yesterday"])
+    assert bad.exit_code == 2
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "case.toml").write_text('[incident]\nid = "X"\n')
+    missing = CliRunner().invoke(app, ["report", str(tmp_path / "other" / "case.toml")])
+    assert missing.exit_code == 1
+    assert "no case database" in missing.output

@@ -1,0 +1,92 @@
+"""Notification scoping on hand-built findings (tests/fixtures/findings/builder.py)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from fixtures.findings.builder import AFFECTED, TRAVERSAL, XSS, build
+
+from forensics.errors import ForensicsError
+from forensics.scope import scope_case
+
+
+def at(h: int, m: int = 0) -> datetime:
+    return datetime(2026, 9, 1, h, m, tzinfo=UTC)
+
+
+@pytest.fixture(scope="module")
+def standard(tmp_path_factory):
+    case, con = build(tmp_path_factory.mktemp("scope"))
+    yield case, con, scope_case(con, case)
+    con.close()
+
+
+def rows(scope):
+    return [
+        (n.tenant_id, n.role, n.responses, n.first_at, n.last_at, n.confidence)
+        for n in scope.notifications
+    ]
+
+
+def test_standard_case_notifies_exactly_the_expected_tenants(standard):
+    _, _, scope = standard
+    assert rows(scope) == [
+        (TRAVERSAL, "source", 1, at(11, 30), at(11, 30), "high"),
+        (XSS, "recipient", 1, at(10, 40), at(10, 40), "confirmed"),
+        ("acct_alpha", "recipient", 2, at(10, 0), at(10, 1), "confirmed"),
+        ("acct_beta", "source", 3, at(10, 0), at(11, 10), "exact"),
+        ("acct_gamma", "source", 1, at(10, 1), at(10, 1), "low"),
+    ]
+
+
+def test_excluded_recipients_possible_and_own_data_are_not_notified(standard):
+    _, _, scope = standard
+    # Researcher and internal responses are excluded; acct_delta was read only by a "possible"
+    # response; acct_internal's own request read by r-x1 is our data; r-a1 reading acct_alpha's
+    # own earlier request is not cross-tenant.
+    assert {"acct_researcher", "acct_internal", "acct_delta"}.isdisjoint(scope.tenants)
+    assert [n.tenant_id for n in scope.sources] == [TRAVERSAL, "acct_beta", "acct_gamma"]
+    assert "acct_alpha" not in {n.tenant_id for n in scope.sources}
+
+
+def test_source_read_only_by_excluded_recipient_is_still_notified(standard):
+    # ../../etc/passwd's request was read only by the researcher's r-res2.
+    _, _, scope = standard
+    assert [(n.tenant_id, n.responses) for n in scope.sources if n.tenant_id == TRAVERSAL] == [
+        (TRAVERSAL, 1)
+    ]
+
+
+def test_notifications_table_matches_the_scope(standard):
+    _, con, scope = standard
+    table = con.execute(
+        "SELECT tenant_id, role, responses, first_at, last_at, confidence "
+        "FROM findings_notifications ORDER BY tenant_id, role"
+    ).fetchall()
+    assert [tuple(r) for r in table] == rows(scope)
+
+
+def test_recipient_confidence_is_the_best_verdict(tmp_path):
+    affected = [(rid, "likely", "over_pool", x) for rid, _, _, x in AFFECTED]
+    case, con = build(tmp_path, affected=affected)
+    alpha = [n for n in scope_case(con, case).recipients if n.tenant_id == "acct_alpha"]
+    assert [(n.responses, n.confidence) for n in alpha] == [(2, "likely")]
+
+
+def test_rescoping_replaces_the_table(tmp_path):
+    case, con = build(tmp_path)
+    scope_case(con, case)
+    con.execute("UPDATE findings_affected SET verdict = 'possible'")
+    scope = scope_case(con, case)
+    assert scope.recipients == ()
+    assert scope.sources == ()
+    assert con.execute("SELECT count(*) FROM findings_notifications").fetchone() == (0,)
+
+
+def test_missing_findings_is_a_clear_error(tmp_path):
+    from forensics.db import connect
+
+    con = connect(tmp_path / "empty.duckdb")
+    with pytest.raises(ForensicsError, match="forensics detect"):
+        scope_case(con, None)
