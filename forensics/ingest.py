@@ -230,7 +230,8 @@ def _text_cast(ctype: str, s: str, tz: str) -> str:
         f"CASE WHEN regexp_full_match({t}, {_INT_RE}) "
         f"THEN {_epoch_int(f'TRY_CAST({t} AS BIGINT)')} "
         f"WHEN regexp_full_match({t}, {_NUM_RE}) THEN {_epoch_double(f'TRY_CAST({t} AS DOUBLE)')} "
-        f"WHEN regexp_matches({t}, {_OFFSET_RE}) THEN TRY_CAST({t} AS TIMESTAMPTZ) "
+        f"WHEN regexp_matches({t}, {_OFFSET_RE}) "
+        f"THEN TRY_CAST(regexp_replace({t}, '[Zz]$', '+00:00') AS TIMESTAMPTZ) "
         # Naive means the manifest's zone; a trailing zone name ("... Europe/Rome") also works.
         f"ELSE coalesce(timezone({sql_str(tz)}, TRY_CAST({t} AS TIMESTAMP)), "
         f"TRY_CAST({t} AS TIMESTAMPTZ)) END"

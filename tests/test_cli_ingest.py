@@ -1,0 +1,110 @@
+"""``forensics ingest`` (both forms) and ``forensics status`` through the command line."""
+
+from __future__ import annotations
+
+import gzip
+
+from typer.testing import CliRunner
+
+from forensics.cli import app
+
+runner = CliRunner()
+
+ROW = (
+    '{"request_id":"r%d","tenant_id":"t","received_at":"2026-09-08T14:00:00Z",'
+    '"prompt_tokens":%s,"http_status":200}\n'
+)
+
+
+def _jsonl(path, prompts):
+    path.write_text("".join(ROW % (i, p) for i, p in enumerate(prompts)))
+    return path
+
+
+def test_ingest_case_then_status(tiny_case_dir):
+    manifest = str(tiny_case_dir / "case.toml")
+    result = runner.invoke(app, ["ingest", manifest])
+    assert result.exit_code == 0, result.output
+    assert "requests.jsonl" in result.output and "engine_legs.jsonl" in result.output
+    assert "4 loaded, 0 already loaded, 0 failed; rows read 99, loaded 99" in result.output
+
+    again = runner.invoke(app, ["ingest", manifest])
+    assert again.exit_code == 0
+    assert "0 loaded, 4 already loaded" in again.output
+
+    status = runner.invoke(app, ["status", manifest])
+    assert status.exit_code == 0, status.output
+    assert "pool_snapshots.csv" in status.output
+    assert "2026-09-08 10:00:00Z" in status.output
+    assert "Total: 4 files" in status.output and "No rejected rows." in status.output
+
+
+def test_file_form_loads_and_reports_rejects(tmp_path):
+    db = tmp_path / "case.duckdb"
+    data = _jsonl(tmp_path / "r.jsonl", [5, '"12x"', 7])
+    result = runner.invoke(app, ["ingest", str(db), str(data), "--kind", "requests"])
+    assert result.exit_code == 0, result.output
+    assert "loaded, with rejects" in result.output
+    assert "rows read 3, loaded 2, rejected 1" in result.output
+
+    manifest = tmp_path / "case.toml"
+    manifest.write_text('[incident]\nid = "X"\n')
+    status = runner.invoke(app, ["status", str(manifest)])
+    assert status.exit_code == 0, status.output
+    assert "not an integer" in status.output and "r.jsonl:2" in status.output
+
+
+def test_a_failed_file_exits_1_after_loading_the_rest(tmp_path):
+    db = tmp_path / "case.duckdb"
+    good = _jsonl(tmp_path / "good.jsonl", [1, 2])
+    bad = tmp_path / "bad.jsonl.gz"
+    bad.write_bytes(gzip.compress(good.read_bytes())[:-12])
+    result = runner.invoke(app, ["ingest", str(db), str(good), str(bad), "--kind", "requests"])
+    assert result.exit_code == 1
+    assert "FAILED" in result.output
+    assert f"Error: {bad}: truncated or corrupt gzip data" in result.output
+    assert "1 loaded, 0 already loaded, 1 failed" in result.output
+
+
+def test_usage_errors_exit_2(tmp_path):
+    data = _jsonl(tmp_path / "r.jsonl", [1])
+    db = str(tmp_path / "case.duckdb")
+    assert runner.invoke(app, ["ingest", db, str(data), "--kind", "request"]).exit_code == 2
+    assert runner.invoke(app, ["ingest", db, str(data)]).exit_code == 2
+    assert runner.invoke(app, ["ingest", db, "--kind", "requests"]).exit_code == 2
+    bad_format = ["ingest", db, str(data), "--kind", "requests", "--format", "xml"]
+    assert runner.invoke(app, bad_format).exit_code == 2
+    case_with_kind = ["ingest", str(tmp_path / "case.toml"), "--kind", "requests"]
+    assert runner.invoke(app, case_with_kind).exit_code == 2
+
+
+def test_unsupported_format_exits_1_with_a_clear_message(tmp_path):
+    data = _jsonl(tmp_path / "r.jsonl", [1])
+    args = [
+        "ingest",
+        str(tmp_path / "c.duckdb"),
+        str(data),
+        "--kind",
+        "requests",
+        "--format",
+        "sglang",
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1
+    assert "format 'sglang' is not supported yet" in result.output
+
+
+def test_status_without_a_database_exits_1(tmp_path):
+    manifest = tmp_path / "case.toml"
+    manifest.write_text('[incident]\nid = "X"\n')
+    result = runner.invoke(app, ["status", str(manifest)])
+    assert result.exit_code == 1
+    assert "no case database yet" in result.output
+
+
+def test_manifest_error_exits_1_naming_the_key(tmp_path):
+    manifest = tmp_path / "case.toml"
+    manifest.write_text('[incident]\nid = "X"\nflavour = 1\n')
+    result = runner.invoke(app, ["ingest", str(manifest)])
+    assert result.exit_code == 1
+    assert "[incident].flavour: unknown key" in result.output
