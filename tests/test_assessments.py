@@ -1,0 +1,150 @@
+"""Exclusion selectors, the exploitation assessment, log coverage and explain, on small cases."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from forensics.case import load_case
+from forensics.db import connect, insert_rows
+from forensics.detect import detect_case
+from forensics.errors import ForensicsError
+from forensics.explain import explain_request
+
+LIMIT = 681274
+PREFILL = {"node": "p0", "observed_at": "2026-08-27T00:00:00Z", "role": "prefill",
+           "max_total_num_tokens": 681280, "context_length": 1048576}
+
+
+def _case(tmp_path, rules=""):
+    path = tmp_path / "case.toml"
+    path.write_text('[incident]\nid = "INC-A"\ncontext_length = 1048576\n' + rules)
+    case = load_case(path)
+    return case, connect(case.database)
+
+
+def _req(rid, tenant, minute, prompt, status=200, **kw):
+    return {"request_id": rid, "tenant_id": tenant, "prompt_tokens": prompt,
+            "received_at": f"2026-08-28T10:{minute:02d}:00Z", "http_status": status,
+            "prefill_node": "p0", **kw}
+
+
+def test_each_exclusion_selector_and_the_time_window(tmp_path):
+    rules = """
+[[exclusion]]
+name = "keys"
+api_key_ids = ["k-test"]
+[[exclusion]]
+name = "cidr"
+client_cidrs = ["10.9.0.0/16", "2001:db8::/32"]
+[[exclusion]]
+name = "ua"
+user_agent_regex = "^canary/"
+[[exclusion]]
+name = "late-tenant"
+tenant_ids = ["t-late"]
+start = "2026-08-28T10:30:00Z"
+"""
+    case, con = _case(tmp_path, rules)
+    insert_rows(con, "pool_snapshots", [PREFILL])
+    insert_rows(con, "requests", [
+        _req("a", "t1", 1, 700000, api_key_id="k-test"),
+        _req("b", "t2", 2, 700000, client_ip="10.9.3.4"),
+        _req("c", "t3", 3, 700000, client_ip="2001:db8::7"),
+        _req("d", "t4", 4, 700000, user_agent="canary/2.1"),
+        _req("e", "t-late", 5, 700000),  # before the rule's window: a customer
+        _req("f", "t-late", 40, 700000),
+        _req("g", "t5", 6, 700000, client_ip="10.8.0.1", user_agent="curl canary/1"),
+    ])
+    detect_case(con, case)
+    marks = dict(con.execute("SELECT request_id, excluded_by FROM findings_affected").fetchall())
+    assert marks == {"a": "keys", "b": "cidr", "c": "cidr", "d": "ua", "e": None,
+                     "f": "late-tenant", "g": None}
+    counts = con.execute(
+        "SELECT name, requests_matched, affected_matched FROM findings_exclusions ORDER BY ordinal"
+    ).fetchall()
+    assert counts == [("keys", 1, 1), ("cidr", 2, 2), ("ua", 1, 1), ("late-tenant", 1, 1)]
+
+
+def test_a_rule_that_matches_nothing_reports_zero(tmp_path):
+    case, con = _case(tmp_path, '[[exclusion]]\nname = "nobody"\ntenant_ids = ["ghost"]\n')
+    insert_rows(con, "requests", [_req("a", "t1", 1, 1000)])
+    detect_case(con, case)
+    assert con.execute("SELECT * EXCLUDE (reason, rule) FROM findings_exclusions").fetchall() == [
+        ("nobody", 0, 0, 0, 0)
+    ]
+
+
+def test_exploitation_scores_probing_high_and_an_ordinary_long_prompt_low(tmp_path):
+    case, con = _case(tmp_path)
+    insert_rows(con, "pool_snapshots", [PREFILL])
+    probes = [_req(f"p{i}", "prober", i, LIMIT + 50 + i, client_ip="203.0.113.9")
+              for i in range(6)]
+    probes += [_req(f"q{i}", "prober", 10 + i, LIMIT - 100 - i, client_ip="203.0.113.9")
+               for i in range(3)]
+    ordinary = [_req("o1", "coder", 30, 910000, client_ip="198.51.100.1")]
+    shared = [_req("s1", "other", 31, 2000, client_ip="203.0.113.9")]
+    insert_rows(con, "requests", probes + ordinary + shared)
+    detect_case(con, case)
+    rows = {r[0]: r[1:] for r in con.execute(
+        "SELECT tenant_id, level, score, reasons FROM findings_exploitation").fetchall()}
+    assert rows["prober"][0] == "high"
+    reasons = " ".join(json.loads(rows["prober"][2]))
+    assert "probing both sides" in reasons and "shared with other tenants" in reasons
+    assert rows["coder"][0] == "none"
+    conclusion = json.loads(con.execute(
+        "SELECT value FROM findings_case WHERE key = 'exploitation'").fetchone()[0])
+    assert conclusion["level"] == "high"
+    assert "prober" in " ".join(conclusion["basis"])
+
+
+def test_probing_by_excluded_traffic_is_not_a_customer_exploit(tmp_path):
+    case, con = _case(tmp_path, '[[exclusion]]\nname = "researcher"\ntenant_ids = ["prober"]\n')
+    insert_rows(con, "pool_snapshots", [PREFILL])
+    insert_rows(con, "requests", [_req(f"p{i}", "prober", i, LIMIT + i) for i in range(6)]
+                + [_req(f"q{i}", "prober", 10 + i, LIMIT - 10 - i) for i in range(2)])
+    detect_case(con, case)
+    conclusion = json.loads(con.execute(
+        "SELECT value FROM findings_case WHERE key = 'exploitation'").fetchone()[0])
+    assert conclusion["level"] == "none"
+    assert "excluded traffic" in conclusion["conclusion"]
+
+
+def test_coverage_reports_gaps_and_one_sided_requests(tmp_path):
+    case, con = _case(tmp_path)
+    insert_rows(con, "requests", [
+        _req("a", "t1", 0, 1000), _req("b", "t1", 1, 1000),
+        {**_req("c", "t1", 0, 1000), "received_at": "2026-08-28T13:00:00Z"},
+    ])
+    insert_rows(con, "engine_legs", [
+        {"request_id": "a", "role": "prefill", "node": "p0", "started_at": "2026-08-28T10:00:01Z"},
+        {"request_id": "c", "role": "prefill", "node": "p0", "started_at": "2026-08-28T13:00:01Z"},
+        {"request_id": "zz", "role": "prefill", "node": "p0", "started_at": "2026-08-28T13:00:05Z"},
+    ])
+    detect_case(con, case)
+    rows = {(r[0], r[1]): r[2:] for r in con.execute(
+        "SELECT scope, node, rows, gap_count, largest_gap_s FROM findings_coverage").fetchall()}
+    assert rows[("requests", None)] == (3, 1, 10740.0)
+    assert rows[("engine_legs", "prefill:p0")][:2] == (3, 1)
+    assert rows[("client_only", "p0")][0] == 1  # b has no engine leg
+    assert rows[("engine_only", "p0")][0] == 1  # zz has no client record
+
+
+def test_explain_gathers_signals_legs_and_exposures(tmp_path):
+    case, con = _case(tmp_path)
+    insert_rows(con, "pool_snapshots", [PREFILL])
+    insert_rows(con, "requests", [_req("v", "t1", 1, 700000, bootstrap_room="42")])
+    insert_rows(con, "engine_legs", [{
+        "request_id": "rid-on-prefill", "bootstrap_room": "42", "role": "prefill", "node": "p0",
+        "started_at": "2026-08-28T10:01:00.1Z", "input_tokens": 1,
+        "error": "Input length (700000 tokens) exceeds the maximum allowed length (681274"
+                 " tokens). Use a shorter input or enable --allow-auto-truncate."}])
+    detect_case(con, case)
+    e = explain_request(con, "v")
+    assert e.verdict["verdict"] == "confirmed"
+    assert [s["signal"] for s in e.signals] == ["over_pool", "prefill_rejected", "token_mismatch"]
+    assert e.legs[0]["request_id"] == "rid-on-prefill"
+    assert all(s["evidence"] for s in e.signals)
+    with pytest.raises(ForensicsError, match="'nope' is not in this case"):
+        explain_request(con, "nope")
