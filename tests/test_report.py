@@ -198,11 +198,9 @@ def test_every_section_has_an_id_and_a_nav_link(report):
     dom = report["dom"]
     for section in SECTIONS:
         assert dom.by_id(section).tag == "section"
-    links = [
-        a.attrs["href"]
-        for a in dom.by_id("summary").parent.find_all("a")
-        if a.attrs.get("href", "").startswith("#")
-    ]
+    navs = [n for n in dom.iter() if n.tag == "nav"]
+    assert len(navs) == 1
+    links = [a.attrs["href"] for a in navs[0].find_all("a")]
     assert links == [f"#{s}" for s in SECTIONS]
 
 
@@ -561,3 +559,83 @@ def test_report_command_usage_and_data_errors(tmp_path):
     missing = CliRunner().invoke(app, ["report", str(tmp_path / "other" / "case.toml")])
     assert missing.exit_code == 1
     assert "no case database" in missing.output
+
+
+def _copy_case(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.duckdb*", "report"))
+    return dst / "case.toml"
+
+
+TINY = Path(__file__).parent / "fixtures" / "tiny_case"
+
+
+@pytest.mark.skipif(not (TINY / "case.toml").exists(), reason="tests/fixtures/tiny_case missing")
+def test_run_end_to_end_on_the_tiny_case(tmp_path):
+    manifest = _copy_case(TINY, tmp_path / "case")
+    runner = CliRunner(env={"COLUMNS": "100"})
+    first = runner.invoke(app, ["run", str(manifest)])
+    assert first.exit_code == 0, first.output
+    out = tmp_path / "case" / "report"
+    for name in (
+        "report.html",
+        "report.md",
+        "affected_responses.csv",
+        "exposures.csv",
+        "notifications.csv",
+        "manifest.json",
+    ):
+        assert (out / name).is_file(), name
+    _, affected = read_csv(out / "affected_responses.csv")
+    _, notes = read_csv(out / "notifications.csv")
+    customer = [
+        r for r in affected if r["verdict"] in ("confirmed", "likely") and not r["excluded_by"]
+    ]
+    assert customer, "the tiny case has customer-affected responses"
+    assert f"Affected responses: {len(customer)}" in first.output
+    assert {n["tenant_id"] for n in notes if n["role"] == "recipient"} == {
+        r["tenant_id"] for r in customer
+    }
+    assert "acct_researcher" not in {n["tenant_id"] for n in notes}
+    notices = sorted(p.stem for p in (out / "notices").glob("*.md"))
+    assert notices == sorted({n["tenant_id"] for n in notes})
+    manifest_json = json.loads((out / "manifest.json").read_text())
+    assert {i["path"] for i in manifest_json["inputs"]} == {
+        "requests.jsonl",
+        "engine_legs.jsonl",
+        "pool_snapshots.csv",
+        "tenants.csv",
+    }
+    html = parse((out / "report.html").read_text())
+    assert num(html.by_id("fact-recipients").find_all("span")[0].text) == len(
+        [n for n in notes if n["role"] == "recipient"]
+    )
+
+    # Running again (evidence already loaded, detection re-run) gives the same bytes.
+    second = runner.invoke(app, ["run", str(manifest), "--out", str(tmp_path / "again")])
+    assert second.exit_code == 0, second.output
+    for path in out.rglob("*"):
+        if path.is_file():
+            assert path.read_bytes() == (tmp_path / "again" / path.relative_to(out)).read_bytes()
+
+
+def test_run_end_to_end_on_a_simulated_case(tmp_path):
+    simulate = pytest.importorskip("forensics.simulate")
+    summary = simulate.simulate_case(tmp_path / "sim", requests=1500, seed=11)
+    out = tmp_path / "nested" / "out"
+    result = CliRunner(env={"COLUMNS": "100"}).invoke(
+        app, ["run", str(summary.case_path), "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    _, notes = read_csv(out / "notifications.csv")
+    dom = parse((out / "report.html").read_text())
+    assert num(dom.by_id("fact-sources").find_all("span")[0].text) == sum(
+        n["role"] == "source" for n in notes
+    )
+    for chart in ("chart-over-time", "chart-ttft", "chart-nodes"):
+        assert dom.by_id(chart).find_all("svg"), chart
+    # Every notified tenant has exactly one notice, and no notice names the researcher.
+    notices = list((out / "notices").glob("*.md"))
+    assert len(notices) == len({n["tenant_id"] for n in notes})
+    assert not any("acct_researcher" in p.read_text() for p in notices)

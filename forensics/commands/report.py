@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import typer
 
@@ -65,8 +64,14 @@ def _print_result(console, result) -> None:
     for message in result.messages:
         console.print(f"[yellow]note:[/yellow] {message}")
     console.print(f"Wrote {len(result.files)} files to {result.out_dir}:", markup=False)
+    notices = set(result.notices)
     for path in result.files:
-        console.print(f"  {path}", markup=False, highlight=False)
+        if path not in notices:
+            console.print(f"  {path}", markup=False, highlight=False)
+    if notices:
+        # One line for the notices: a large incident has hundreds of them.
+        folder = result.notices[0].parent
+        console.print(f"  {folder}/ ({len(notices):,} notices)", markup=False, highlight=False)
 
 
 @app.command()
@@ -100,7 +105,14 @@ def report(
 def run(case_path: Path = CASE_ARG, out: Path | None = OUT_OPT, as_of: str | None = AS_OF_OPT):
     """Ingest every evidence entry, run detection and write the report outputs."""
     from rich.console import Console
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     from forensics.case import load_case
     from forensics.db import connect
@@ -112,17 +124,21 @@ def run(case_path: Path = CASE_ARG, out: Path | None = OUT_OPT, as_of: str | Non
     when = _as_of(as_of)
     case = load_case(case_path)
     console = Console()
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task("Ingesting evidence", total=None)
 
-        def progress(*args: Any, **kwargs: Any) -> None:
-            # Ingest reports what it is reading; show the latest thing it named.
-            what = args[0] if args else next(iter(kwargs.values()), "")
-            bar.update(task, description=f"Ingesting {what}")
+        def progress(label: str, done: int, total: int) -> None:
+            bar.update(task, description=f"Ingesting {label}", completed=done, total=total)
 
         ingested = ingest_case(case, progress=progress)
-        bar.update(task, description="Running detectors")
+        bar.update(task, description="Running detectors", completed=0, total=None)
         con = connect(case.database)
         detected = detect_case(con, case)
         bar.update(task, description="Scoping notifications")

@@ -21,7 +21,23 @@ if TYPE_CHECKING:
     from forensics.report.data import ReportData
 
 UNFLAGGED_SAMPLE = 1500
-VERDICT_COLORS = {"confirmed": "#b2182b", "likely": "#ef8a62", "possible": "#67a9cf"}
+VERDICT_COLORS = {
+    "confirmed": "#b2182b",
+    "likely": "#ef8a62",
+    "possible": "#67a9cf",
+    "excluded traffic": "#9e9e9e",
+}
+
+
+_RANK = {v: i for i, v in enumerate(VERDICT_COLORS)}
+
+
+def _category(row: dict) -> str:
+    # Excluded traffic (researcher, our tests) is most of a typical incident's hits; drawing it
+    # apart keeps the customer impact readable at a glance.
+    return "excluded traffic" if row["excluded_by"] else row["verdict"]
+
+
 _FONT = "Helvetica, Arial, sans-serif"
 
 
@@ -110,10 +126,10 @@ def affected_over_time(data: ReportData) -> Chart:
     counts: dict[tuple[str, str], int] = {}
     for a in rows:
         slot = epoch + size * ((a["received_at"] - epoch) // size)
-        key = (iso(slot), a["verdict"])
+        key = (iso(slot), _category(a))
         counts[key] = counts.get(key, 0) + 1
     values = [
-        {"bucket": b, "end": iso(utc(b) + size), "verdict": v, "responses": n}
+        {"bucket": b, "end": iso(utc(b) + size), "verdict": v, "rank": _RANK[v], "responses": n}
         for (b, v), n in sorted(counts.items())
     ]
     verdicts = [v for v in VERDICT_COLORS if any(r["verdict"] == v for r in values)]
@@ -136,13 +152,13 @@ def affected_over_time(data: ReportData) -> Chart:
                 scale=alt.Scale(domain=verdicts, range=[VERDICT_COLORS[v] for v in verdicts]),
                 sort=verdicts,
             ),
-            order=alt.Order("verdict:N"),
+            order=alt.Order("rank:Q"),
         )
         .properties(width=640, height=220)
     )
     caption = (
-        f"{len(rows)} responses with a verdict (all verdicts, excluded traffic included), "
-        f"counted per {label} of arrival, UTC."
+        f"{len(rows)} responses with a verdict, counted per {label} of arrival (UTC); "
+        "excluded traffic in grey whatever its verdict."
     )
     return Chart("chart-over-time", title, _to_svg(_config(chart)), caption)
 
@@ -249,9 +265,12 @@ def per_node(data: ReportData) -> Chart:
 
     counts: dict[tuple[str, str], int] = {}
     for a in data.affected:
-        key = (a["decode_node"] or "(unknown)", a["verdict"])
+        key = (a["decode_node"] or "(unknown)", _category(a))
         counts[key] = counts.get(key, 0) + 1
-    values = [{"node": n, "verdict": v, "responses": c} for (n, v), c in sorted(counts.items())]
+    values = [
+        {"node": n, "verdict": v, "rank": _RANK[v], "responses": c}
+        for (n, v), c in sorted(counts.items())
+    ]
     verdicts = [v for v in VERDICT_COLORS if any(r["verdict"] == v for r in values)]
     nodes = sorted({r["node"] for r in values})
     stack_max = max(_stack_totals(values, "node").values())
@@ -266,14 +285,14 @@ def per_node(data: ReportData) -> Chart:
                 scale=alt.Scale(domain=verdicts, range=[VERDICT_COLORS[v] for v in verdicts]),
                 sort=verdicts,
             ),
-            order=alt.Order("verdict:N"),
+            order=alt.Order("rank:Q"),
         )
         .properties(width=560, height=max(60, 24 * len(nodes)))
     )
     notified = sum(1 for a in data.affected if a["verdict"] in NOTIFIED)
     caption = (
         f"{len(data.affected)} responses with a verdict on {len(nodes)} decode nodes "
-        f"({notified} confirmed or likely), excluded traffic included."
+        f"({notified} confirmed or likely); excluded traffic in grey whatever its verdict."
     )
     return Chart("chart-nodes", title, _to_svg(_config(chart)), caption)
 

@@ -39,19 +39,26 @@ def utc(value: Any) -> datetime | None:
 
 
 def iso(value: Any) -> str:
-    """UTC ISO 8601 with ``Z``; sub-second digits only when present; ``""`` for None.
+    """UTC ISO 8601 with ``Z``; ``""`` for None.
+
+    Sub-second digits only when present: milliseconds when that is exact, else microseconds,
+    so columns of times line up instead of ending in a ragged number of digits.
 
     >>> iso(datetime(2026, 9, 8, 14, 2, tzinfo=UTC))
     '2026-09-08T14:02:00Z'
     >>> iso("2026-09-08T16:02:00.250+02:00")
-    '2026-09-08T14:02:00.25Z'
+    '2026-09-08T14:02:00.250Z'
+    >>> iso("2026-09-08T14:02:00.78086Z")
+    '2026-09-08T14:02:00.780860Z'
     """
     dt = utc(value)
     if dt is None:
         return ""
     text = dt.strftime("%Y-%m-%dT%H:%M:%S")
-    if dt.microsecond:
-        text += f".{dt.microsecond:06d}".rstrip("0")
+    if dt.microsecond % 1000:
+        text += f".{dt.microsecond:06d}"
+    elif dt.microsecond:
+        text += f".{dt.microsecond // 1000:03d}"
     return text + "Z"
 
 
