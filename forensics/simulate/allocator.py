@@ -91,17 +91,21 @@ def run_rank(
     released: list[np.ndarray] = []
     writer = np.full(n_pages + 1, -1, dtype=np.int64)
     pending: list[tuple[int, int, np.ndarray]] = []  # (free instant, request, pages) heap
-    start = np.empty(len(index), dtype=np.int64)
-    result = RankResult(start)
+    result = RankResult(np.empty(0, dtype=np.int64))
     prev = -1
-    need_pages = -(-total_tokens // page_size)
-    for j in range(len(index)):
+    # Plain Python ints in the loop: indexing numpy scalars one at a time is several times
+    # slower than indexing lists.
+    need_pages = (-(-total_tokens // page_size)).tolist()
+    wanted, holds, prompts = desired_us.tolist(), hold_us.tolist(), prompt.tolist()
+    victims, ids = victim.tolist(), index.tolist()
+    starts: list[int] = []
+    for j in range(len(ids)):
         # Strictly after the previous allocation on this rank: ties (and requests that queued
         # behind a waiting one) would otherwise depend on tie-breaking rules.
-        t = max(int(desired_us[j]), prev + 1)
+        t = wanted[j] if wanted[j] > prev else prev + 1
         while pending and pending[0][0] <= t:
             released.append(heapq.heappop(pending)[2])
-        n = int(need_pages[j])
+        n = need_pages[j]
         if n > len(free) - head:
             free = np.sort(np.concatenate([free[head:], *released]))
             head, released = 0, []
@@ -114,9 +118,9 @@ def run_rank(
                 released = []
         pages = free[head : head + n]
         head += n
-        g = int(index[j])
-        if victim[j]:
-            stale_n = -(-int(prompt[j]) // page_size)  # pages of the reserved prompt
+        g = ids[j]
+        if victims[j]:
+            stale_n = -(-prompts[j] // page_size)  # pages of the reserved prompt
             w = writer[pages[1:stale_n]]
             known = w[w >= 0]
             if known.size:
@@ -127,7 +131,7 @@ def run_rank(
             if known.size < w.size:
                 result.stale_unwritten.append((g, int(w.size - known.size)))
             writer[pages[0]] = g
-            writer[pages[int(prompt[j]) // page_size :]] = g
+            writer[pages[prompts[j] // page_size :]] = g
         else:
             writer[pages] = g
         if record_runs:
@@ -141,7 +145,8 @@ def run_rank(
                 result.run_request += [g] * len(firsts)
                 result.run_first += firsts.tolist()
                 result.run_count += counts.tolist()
-        start[j] = t
+        starts.append(t)
         prev = t
-        heapq.heappush(pending, (t + int(hold_us[j]), g, pages))
+        heapq.heappush(pending, (t + holds[j], g, pages))
+    result.start_us = np.array(starts, dtype=np.int64)
     return result
