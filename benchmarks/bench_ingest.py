@@ -66,7 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         # A child process writes the file, so this process's peak RSS is the load's alone.
         sql = GENERATE.format(rows=args.rows, path=str(parquet).replace("'", "''"))
-        code = f"import duckdb; duckdb.connect().execute({sql!r})"
+        code = (
+            "import duckdb; con = duckdb.connect(); "
+            f'con.execute("SET enable_progress_bar = false"); con.execute({sql!r})'
+        )
         subprocess.run([sys.executable, "-c", code], check=True)
         generated = time.perf_counter() - t0
 

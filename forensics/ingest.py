@@ -330,10 +330,11 @@ def _load(
     report: Callable[[int, int], None],
     watch: bool,
 ) -> FileResult:
-    """Write rejects, then good rows, then the evidence row; inside the caller's transaction.
+    """Write good rows, then rejects, then the evidence row; inside the caller's transaction.
 
-    The casting query runs twice (once for bad rows, once for good ones) rather than being
-    materialised: re-reading the source is cheaper than staging ten million wide rows.
+    The casting query is not materialised (staging ten million wide rows costs more than
+    reading the source again): it runs once for the good rows and, only when some row did not
+    load, a second time for the rejects.
     """
     eid = con.execute("SELECT nextval('evidence_seq')").fetchone()[0]
 
@@ -347,19 +348,29 @@ def _load(
         finally:
             stopper()
 
-    rejected = run(
-        0,
-        f"INSERT INTO rejects SELECT {eid}, {sql_str(label)}, __kv_r, "
-        f"nullif(split_part(__kv_err, {_SEP}, 1), ''), split_part(__kv_err, {_SEP}, 2), "
-        f"__kv_raw FROM ({sql}) WHERE __kv_err IS NOT NULL ORDER BY __kv_r",
-    )
     targets = ", ".join(sql_ident(n) for n in names)
     picks = ", ".join(f"__kv_t{i}" for i in range(len(names)))
     loaded = run(
-        1,
+        0,
         f"INSERT INTO {kind} ({targets}, extra, evidence_id, source_row) "
         f"SELECT {picks}, __kv_extra, {eid}, __kv_r FROM ({sql}) WHERE __kv_err IS NULL",
     )
+    # Counting the source is nearly free (Parquet metadata, a temp table), and when every row
+    # loaded the second pass over the file for rejects can be skipped.
+    total = con.execute(f"SELECT count(*) FROM {source.relation}").fetchone()[0]
+    rejected = 0
+    if loaded < total:
+        rejected = run(
+            1,
+            f"INSERT INTO rejects SELECT {eid}, {sql_str(label)}, __kv_r, "
+            f"nullif(split_part(__kv_err, {_SEP}, 1), ''), split_part(__kv_err, {_SEP}, 2), "
+            f"__kv_raw FROM ({sql}) WHERE __kv_err IS NOT NULL ORDER BY __kv_r",
+        )
+    if loaded + rejected != total:
+        # Every source row must land in exactly one of the two tables; never record otherwise.
+        raise EvidenceError(
+            f"{total} rows read but {loaded} loaded and {rejected} rejected; nothing was kept"
+        )
     if source.early_rejects:
         con.executemany(
             "INSERT INTO rejects VALUES (?, ?, ?, ?, ?, ?)",
