@@ -271,7 +271,7 @@ def load_report_data(
 
     data = ReportData(
         case_id=case.id,
-        title=case.title,
+        title=tx(case.title) or "",
         generated_at=generated_at,
         redacted=red.active,
         affected=affected,
