@@ -90,3 +90,19 @@ def test_each_evidence_kind_removed_keeps_recall(loaded_case, tmp_path, removed)
     assert ev.affected.recall == 1.0, ev.lines()
     assert ev.exclusions_exact
     assert ev.source_tenants.recall == 1.0 or not ev.methods, ev.lines()
+
+
+def test_exploitation_flags_the_researcher_and_no_customer(loaded_case, tmp_path):
+    import json
+
+    con = _fresh(loaded_case, tmp_path)
+    detect_case(con, loaded_case)
+    levels = dict(con.execute(
+        "SELECT tenant_id, level FROM findings_exploitation").fetchall())
+    assert levels["acct_researcher"] == "high"
+    customers = {t: lvl for t, lvl in levels.items() if t not in ("acct_researcher",
+                                                                  "acct_internal")}
+    assert all(lvl in ("none", "low") for lvl in customers.values()), customers
+    conclusion = json.loads(con.execute(
+        "SELECT value FROM findings_case WHERE key = 'exploitation'").fetchone()[0])
+    assert conclusion["level"] == "none" and "excluded traffic" in conclusion["conclusion"]
