@@ -53,8 +53,10 @@ WITH notified AS (
 SELECT e.source_tenant_id AS tenant_id, 'source' AS role,
        count(DISTINCT e.recipient_request_id) AS responses,
        min(n.received_at) AS first_at, max(n.received_at) AS last_at,
-       CASE min(CASE e.confidence WHEN 'exact' THEN 1 WHEN 'high' THEN 2 ELSE 3 END)
-         WHEN 1 THEN 'exact' WHEN 2 THEN 'high' ELSE 'low' END AS confidence
+       CASE min(CASE e.confidence WHEN 'exact' THEN 1 WHEN 'high' THEN 2 WHEN 'medium' THEN 3
+                                  WHEN 'low' THEN 4 ELSE 5 END)
+         WHEN 1 THEN 'exact' WHEN 2 THEN 'high' WHEN 3 THEN 'medium' WHEN 4 THEN 'low'
+         ELSE 'very_low' END AS confidence
 FROM findings_exposures e
 JOIN notified n ON n.request_id = e.recipient_request_id
 WHERE e.source_excluded_by IS NULL
@@ -76,7 +78,7 @@ class Notification:
         first_at: earliest of those responses (UTC).
         last_at: latest of those responses (UTC).
         confidence: recipient - best verdict (confirmed > likely); source - best attribution
-            confidence (exact > high > low).
+            confidence (exact > high > medium > low > very_low).
     """
 
     tenant_id: str

@@ -90,3 +90,25 @@ def test_missing_findings_is_a_clear_error(tmp_path):
     con = connect(tmp_path / "empty.duckdb")
     with pytest.raises(ForensicsError, match="forensics detect"):
         scope_case(con, None)
+
+
+def test_source_confidence_is_the_best_attribution_in_full_order(tmp_path):
+    from forensics.db import connect
+    from forensics.schema import FINDINGS_DDL
+
+    con = connect(tmp_path / "c.duckdb")
+    for ddl in FINDINGS_DDL.values():
+        con.execute(ddl)
+    con.execute("INSERT INTO findings_affected (request_id, tenant_id, received_at, verdict)"
+                " VALUES ('v', 'tv', '2026-09-01T10:00:00Z', 'confirmed')")
+    for src, confidence in [("s1", "medium"), ("s2", "very_low"), ("s3", "low"),
+                            ("s3b", "very_low")]:
+        tenant = "t3" if src.startswith("s3") else f"t{src[1]}"
+        con.execute(
+            "INSERT INTO findings_exposures (recipient_request_id, recipient_tenant_id,"
+            " source_request_id, source_tenant_id, method, tokens, confidence)"
+            " VALUES ('v', 'tv', $s, $t, 'temporal', 64, $c)",
+            {"s": src, "t": tenant, "c": confidence},
+        )
+    got = {n.tenant_id: n.confidence for n in scope_case(con).sources}
+    assert got == {"t1": "medium", "t2": "very_low", "t3": "low"}
