@@ -111,23 +111,33 @@ def test_probing_by_excluded_traffic_is_not_a_customer_exploit(tmp_path):
     assert "excluded traffic" in conclusion["conclusion"]
 
 
-def test_coverage_reports_gaps_and_one_sided_requests(tmp_path):
+def test_coverage_reports_holes_not_quiet_hours_and_one_sided_requests(tmp_path):
     case, con = _case(tmp_path)
     insert_rows(con, "requests", [
         _req("a", "t1", 0, 1000), _req("b", "t1", 1, 1000),
+        {**_req("m", "t1", 0, 1000), "received_at": "2026-08-28T11:30:00Z"},
         {**_req("c", "t1", 0, 1000), "received_at": "2026-08-28T13:00:00Z"},
+        # A quiet night on p1: no client request routed there either, so not a hole.
+        {**_req("n1", "t2", 0, 1000), "prefill_node": "p1"},
+        {**_req("n2", "t2", 0, 1000), "prefill_node": "p1", "received_at": "2026-08-28T15:00:00Z"},
     ])
+    legs = [("a", "p0", "10:00:01"), ("c", "p0", "13:00:01"), ("zz", "p0", "13:30:00"),
+            ("n1", "p1", "10:00:01"), ("n2", "p1", "15:00:01")]
     insert_rows(con, "engine_legs", [
-        {"request_id": "a", "role": "prefill", "node": "p0", "started_at": "2026-08-28T10:00:01Z"},
-        {"request_id": "c", "role": "prefill", "node": "p0", "started_at": "2026-08-28T13:00:01Z"},
-        {"request_id": "zz", "role": "prefill", "node": "p0", "started_at": "2026-08-28T13:00:05Z"},
+        {"request_id": r, "role": "prefill", "node": n, "started_at": f"2026-08-28T{t}Z"}
+        for r, n, t in legs
     ])
     detect_case(con, case)
     rows = {(r[0], r[1]): r[2:] for r in con.execute(
         "SELECT scope, node, rows, gap_count, largest_gap_s FROM findings_coverage").fetchall()}
-    assert rows[("requests", None)] == (3, 1, 10740.0)
-    assert rows[("engine_legs", "prefill:p0")][:2] == (3, 1)
-    assert rows[("client_only", "p0")][0] == 1  # b has no engine leg
+    # p0's log is silent 10:00-13:00 while the client sent m (11:30) to it: one hole.
+    assert rows[("engine_legs:prefill", "p0")][:3] == (3, 1, 10800.0)
+    # p1 is silent 10:00-15:00 with nothing routed to it: quiet, not a hole.
+    assert rows[("engine_legs:prefill", "p1")][:2] == (2, 0)
+    # The client log is silent 11:30-13:00 and 13:00-15:00; engine work at 13:30 sits in
+    # the second silence only.
+    assert rows[("requests", None)][:2] == (6, 1)
+    assert rows[("client_only", "p0")][0] == 2  # b and m have no engine leg
     assert rows[("engine_only", "p0")][0] == 1  # zz has no client record
 
 

@@ -1,26 +1,56 @@
 -- Log coverage: what each side's evidence spans, where it has holes, and which requests one
 -- side saw and the other did not. Conclusions are only as good as this table.
+--
+-- A quiet hour is not a hole (traffic is diurnal, nodes idle). A hole is a silence longer than
+-- $gap_s in one record while the other record shows work there: client requests routed to a
+-- node whose engine log says nothing, or engine work while the client log says nothing (a
+-- minute's slack each side: an engine leg starts a little after its client request).
 CREATE OR REPLACE TEMP TABLE coverage_series AS
 SELECT 'requests' AS scope, NULL::VARCHAR AS node, received_at AS "at" FROM scoped_requests
 UNION ALL
-SELECT 'engine_legs', l.role || ':' || l.node, l.started_at
+SELECT 'engine_legs:' || l.role, l.node, l.started_at
 FROM engine_legs l, detect_params p
 WHERE (p.start_at IS NULL OR l.started_at >= p.start_at)
   AND (p.end_at IS NULL OR l.started_at <= p.end_at);
 
+CREATE OR REPLACE TEMP TABLE coverage_silences AS
+SELECT scope, node, lag("at") OVER (PARTITION BY scope, node ORDER BY "at") AS from_at,
+       "at" AS to_at
+FROM coverage_series;
+
+CREATE OR REPLACE TEMP TABLE coverage_holes AS
+SELECT s.scope, s.node, s.from_at, s.to_at,
+       date_diff('millisecond', s.from_at, s.to_at) / 1000.0 AS gap_s
+FROM coverage_silences s
+WHERE date_diff('millisecond', s.from_at, s.to_at) / 1000.0 > $gap_s
+  AND CASE WHEN s.scope = 'requests' THEN EXISTS (
+             SELECT 1 FROM engine_legs l
+             WHERE l.started_at > s.from_at + INTERVAL 1 MINUTE
+               AND l.started_at < s.to_at - INTERVAL 1 MINUTE)
+           ELSE EXISTS (
+             SELECT 1 FROM scoped_requests r
+             WHERE (r.prefill_node = s.node OR r.decode_node = s.node)
+               AND r.received_at > s.from_at + INTERVAL 1 MINUTE
+               AND r.received_at < s.to_at - INTERVAL 1 MINUTE)
+      END;
+
 INSERT INTO findings_coverage
-WITH gaps AS (
-  SELECT scope, node, "at",
-         date_diff('millisecond', lag("at") OVER (PARTITION BY scope, node ORDER BY "at"), "at")
-           / 1000.0 AS gap_s
-  FROM coverage_series
-)
-SELECT scope, node, count(*), min("at"), max("at"),
-       count(*) FILTER (WHERE gap_s > $gap_s),
-       coalesce(max(gap_s), 0),
-       format('{} rows; gaps longer than {} s: {}', count(*), $gap_s,
-              count(*) FILTER (WHERE gap_s > $gap_s))
-FROM gaps GROUP BY scope, node;
+SELECT c.scope, c.node, count(*), min(c."at"), max(c."at"),
+       coalesce(any_value(h.holes), 0), coalesce(any_value(h.largest), 0),
+       CASE WHEN coalesce(any_value(h.holes), 0) = 0
+            THEN format('{} rows; no silence over {} s while the other side shows work',
+                        count(*), $gap_s)
+            ELSE format('{} rows; {} silences over {} s while the other side shows work,'
+                        || ' longest from {} to {}', count(*), any_value(h.holes), $gap_s,
+                        strftime(any_value(h.longest_from), '%Y-%m-%dT%H:%M:%SZ'),
+                        strftime(any_value(h.longest_to), '%Y-%m-%dT%H:%M:%SZ'))
+       END
+FROM coverage_series c
+LEFT JOIN (SELECT scope, node, count(*) AS holes, max(gap_s) AS largest,
+                  arg_max(from_at, gap_s) AS longest_from, arg_max(to_at, gap_s) AS longest_to
+           FROM coverage_holes GROUP BY scope, node) h
+  ON h.scope = c.scope AND h.node IS NOT DISTINCT FROM c.node
+GROUP BY c.scope, c.node;
 
 INSERT INTO findings_coverage
 SELECT 'client_only', r.prefill_node, count(*), min(r.received_at), max(r.received_at), 0, 0,
