@@ -75,8 +75,22 @@ def md_code(value: Any) -> str:
 
 
 def params_text(params: dict) -> str:
-    """Detector parameters as ``name = value`` pairs in name order."""
-    return ", ".join(f"{k} = {json.dumps(v, sort_keys=True)}" for k, v in params.items())
+    """Detector parameters as ``name = value`` pairs in name order.
+
+    Strings are shown as written, so a regular expression reads as the detector uses it.
+
+    >>> print(params_text({"b": "length (a|b)", "a": 0.5, "c": None}))
+    a = 0.5, b = /length (a|b)/, c = not set
+    """
+
+    def show(value) -> str:
+        if value is None:
+            return "not set"
+        if isinstance(value, str):
+            return f"/{value}/" if "\\" in value or "(" in value else f'"{value}"'
+        return json.dumps(value, sort_keys=True)
+
+    return ", ".join(f"{k} = {show(v)}" for k, v in sorted(params.items()))
 
 
 def environment(template_dir: Path | None = None) -> jinja2.Environment:
