@@ -33,6 +33,24 @@ def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnect
     return con
 
 
+def open_case(case_path: str | Path):
+    """Load a manifest and open its existing case database; returns ``(case, connection)``.
+
+    Raises:
+        ForensicsError: the manifest is invalid, or nothing has been ingested for it yet.
+    """
+    from forensics.case import load_case
+    from forensics.errors import ForensicsError
+
+    case = load_case(case_path)
+    if not case.database.exists():
+        raise ForensicsError(
+            f"{case.database}: no case database yet; run `forensics ingest {case_path}`"
+            f" (or `forensics run {case_path}`) first"
+        )
+    return case, connect(case.database)
+
+
 def insert_rows(con: duckdb.DuckDBPyConnection, kind: str, rows: list[dict], evidence_id: int = 0):
     """Insert canonical rows given as dicts (fixtures, detector test cases, docstrings).
 

@@ -7,20 +7,6 @@ from pathlib import Path
 import typer
 
 from forensics.cli import app, handle_errors
-from forensics.errors import ForensicsError
-
-
-def open_case_database(case_path: Path):
-    """Load the manifest and open its existing case database."""
-    from forensics.case import load_case
-    from forensics.db import connect
-
-    case = load_case(case_path)
-    if not case.database.exists():
-        raise ForensicsError(
-            f"{case.database}: no case database yet; run `forensics ingest {case_path}` first"
-        )
-    return case, connect(case.database)
 
 
 @app.command()
@@ -30,9 +16,10 @@ def detect(case_path: Path = typer.Argument(..., help="The case manifest (case.t
     from rich.console import Console
     from rich.table import Table
 
+    from forensics.db import open_case
     from forensics.detect import detect_case
 
-    case, con = open_case_database(case_path)
+    case, con = open_case(case_path)
     summary = detect_case(con, case)
     console = Console()
     table = Table(title="Detectors")
@@ -57,9 +44,10 @@ def explain(
     request_id: str = typer.Argument(..., help="The client request id."),
 ) -> None:
     """Every signal and exposure for one request, with the evidence rows behind it."""
+    from forensics.db import open_case
     from forensics.explain import explain_request
 
-    case, con = open_case_database(case_path)
+    case, con = open_case(case_path)
     e = explain_request(con, request_id)
     echo = typer.echo
     r = e.request

@@ -8,7 +8,6 @@ from pathlib import Path
 import typer
 
 from forensics.cli import app, handle_errors
-from forensics.errors import ForensicsError
 
 CASE_ARG = typer.Argument(..., help="The case manifest (case.toml).")
 OUT_OPT = typer.Option(None, "--out", help="Output folder (default: report/ beside the manifest).")
@@ -38,18 +37,6 @@ AS_OF_OPT = typer.Option(
     callback=_check_as_of,
     help="Report time, RFC 3339 (default: the manifest's as_of or end).",
 )
-
-
-def _open(case_path: Path):
-    from forensics.case import load_case
-    from forensics.db import connect
-
-    case = load_case(case_path)
-    if not case.database.exists():
-        raise ForensicsError(
-            f"{case.database}: no case database yet; run `forensics run {case_path}` first"
-        )
-    return case, connect(case.database)
 
 
 def _print_result(console, result) -> None:
@@ -90,10 +77,11 @@ def report(
     """Render the report, CSVs, customer notices and manifest from a case's findings."""
     from rich.console import Console
 
+    from forensics.db import open_case
     from forensics.report import write_report
 
     when = _as_of(as_of)
-    case, con = _open(case_path)
+    case, con = open_case(case_path)
     result = write_report(
         con, case, out or case.folder / "report", as_of=when, redact=redact, redact_key=redact_key
     )
