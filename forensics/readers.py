@@ -219,11 +219,25 @@ def _open_jsonl(con, path: Path, compression, tag: str, progress) -> Source:
             "WHERE json_valid(__kv_line) AND json_type(__kv_line) = 'OBJECT'"
         ).fetchall()
     ]
-    for key in keys:
-        path_sql = sql_str('$."' + key.replace('"', '\\"') + '"')
-        # json_extract_string gives strings unquoted and numbers as written (so a 63-bit
-        # integer keeps every digit); JSON null becomes SQL NULL.
-        source.columns[key] = (f"json_extract_string(__kv_line, {path_sql})", "VARCHAR")
+    if len({k.lower() for k in keys}) == len(keys):
+        # Parse each line once into a struct of text values (3-4x faster than one extraction
+        # per key). Strings come unquoted, integers keep every digit (a 63-bit bootstrap room
+        # survives), JSON null is SQL NULL; a line that is not an object gets NULL and its
+        # pre_error reason.
+        import json
+
+        spec = sql_str(json.dumps({k: "VARCHAR" for k in keys}))
+        source.relation = (
+            f"(SELECT *, try(json_transform(__kv_line, {spec})) AS __kv_obj FROM {table})"
+        )
+        for key in keys:
+            source.columns[key] = (f"struct_extract(__kv_obj, {sql_str(key)})", "VARCHAR")
+    else:
+        # Keys differing only in case cannot share a struct (DuckDB struct fields are
+        # case-insensitive): extract them one by one.
+        for key in keys:
+            path_sql = sql_str('$."' + key.replace('"', '\\"') + '"')
+            source.columns[key] = (f"json_extract_string(__kv_line, {path_sql})", "VARCHAR")
 
     def extra(known: set[str]) -> str | None:
         if not set(keys) - known:
