@@ -229,12 +229,16 @@ def tokens_vs_ttft(con: duckdb.DuckDBPyConnection, data: ReportData) -> Chart:
         )
     layers = [points]
     if thresholds:
-        rule_values = [{"threshold": t, "label": f"max_req_input_len {t:,}"} for t in thresholds]
+        # Limits can sit close together on a log axis: stagger their labels down the plot so
+        # they never print over each other.
+        rule_values = [
+            {"threshold": t, "label": f"{t:,}", "y": 8 + 12 * i} for i, t in enumerate(thresholds)
+        ]
         base = alt.Chart(alt.Data(values=rule_values))
         layers.append(base.mark_rule(color="#333", strokeDash=[5, 3]).encode(x="threshold:Q"))
         layers.append(
             base.mark_text(align="right", dx=-4, fontSize=10, color="#333").encode(
-                x="threshold:Q", y=alt.value(8), text="label:N"
+                x="threshold:Q", y=alt.Y("y:Q", scale=None, axis=None), text="label:N"
             )
         )
     chart = alt.layer(*layers).properties(width=640, height=300)
@@ -247,8 +251,10 @@ def tokens_vs_ttft(con: duckdb.DuckDBPyConnection, data: ReportData) -> Chart:
     else:
         parts.append(f"all {len(plain):,} unflagged requests")
     caption = (
-        "Shows " + " and ".join(parts) + ". Dashed line: the prefill input limit "
-        "(max_req_input_len) in force; prompts at or above it should have been rejected. "
+        "Shows " + " and ".join(parts) + ". Dashed lines: the prefill input limits "
+        "(max_req_input_len) in force at some time"
+        + (" (" + ", ".join(f"{t:,}" for t in thresholds) + " tokens)" if thresholds else "")
+        + "; prompts at or above a node's limit should have been rejected. "
         "Both axes are logarithmic."
     )
     if not thresholds:
