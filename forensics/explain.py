@@ -61,7 +61,7 @@ def explain_request(con: duckdb.DuckDBPyConnection, request_id: str) -> Explanat
     for s in signals:
         s["evidence"] = json.loads(s["evidence"]) if s["evidence"] else []
     verdict = _dicts(con.execute(
-        "SELECT verdict, signals, threshold_tokens, excluded_by FROM findings_affected"
+        "SELECT verdict, signals, threshold_tokens, excluded_by, note FROM findings_affected"
         " WHERE request_id = $id", {"id": request_id},
     ))
     exclusions = [r[0] for r in con.execute(

@@ -175,7 +175,7 @@ FINDINGS_DDL = {
   request_id VARCHAR, tenant_id VARCHAR, received_at TIMESTAMPTZ, prompt_tokens BIGINT,
   threshold_tokens BIGINT, verdict VARCHAR, signals VARCHAR, model VARCHAR,
   prefill_node VARCHAR, decode_node VARCHAR, dp_rank BIGINT, excluded_by VARCHAR,
-  evidence JSON)""",
+  evidence JSON, note VARCHAR)""",
     # Whose KV each affected response read. method: allocation_log | allocator_replay |
     # temporal; confidence: exact | high | low. rank orders temporal candidates (1 = newest).
     "findings_exposures": """CREATE OR REPLACE TABLE findings_exposures (

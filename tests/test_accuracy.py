@@ -88,6 +88,10 @@ def test_each_evidence_kind_removed_keeps_recall(loaded_case, tmp_path, removed)
     ev = evaluate(con, loaded_case.folder / "truth")
     assert summary.warnings
     assert ev.affected.recall == 1.0, ev.lines()
+    if removed != "placement":
+        # Without snapshots the default pool applies everywhere; the prefill legs show which
+        # long prompts were processed whole, so none of them is notified.
+        assert ev.affected.precision == 1.0, ev.lines()
     assert ev.exclusions_exact
     assert ev.source_tenants.recall == 1.0 or not ev.methods, ev.lines()
 

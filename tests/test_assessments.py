@@ -158,3 +158,17 @@ def test_explain_gathers_signals_legs_and_exposures(tmp_path):
     assert all(s["evidence"] for s in e.signals)
     with pytest.raises(ForensicsError, match="'nope' is not in this case"):
         explain_request(con, "nope")
+
+
+def test_over_pool_alone_is_only_possible_when_prefill_processed_the_whole_prompt(tmp_path):
+    case, con = _case(tmp_path, "[detection]\ndefault_pool_tokens = 681280\n")
+    insert_rows(con, "requests", [_req("whole", "t1", 1, 700000), _req("silent", "t2", 2, 700000)])
+    insert_rows(con, "engine_legs", [{
+        "request_id": "whole", "role": "prefill", "node": "p0",
+        "started_at": "2026-08-28T10:01:00.1Z", "input_tokens": 700000}])
+    detect_case(con, case)
+    rows = dict(con.execute(
+        "SELECT request_id, verdict || ':' || coalesce(note, '') FROM findings_affected"
+    ).fetchall())
+    assert rows["silent"] == "likely:"  # no leg says otherwise: notify
+    assert rows["whole"].startswith("possible:its prefill leg processed the whole prompt")

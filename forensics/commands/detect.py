@@ -73,6 +73,8 @@ def explain(
     if e.verdict:
         echo(f"Verdict: {e.verdict['verdict']} ({e.verdict['signals']}), limit"
              f" {e.verdict['threshold_tokens']}")
+        if e.verdict["note"]:
+            echo(f"  note: {e.verdict['note']}")
     else:
         echo("Verdict: not affected")
     echo(f"Excluded by: {', '.join(e.exclusions) if e.exclusions else 'none'}")
