@@ -3,7 +3,9 @@
 A request matches a rule when it matches any of the rule's selectors (tenant ids, API key ids,
 client CIDRs, user-agent regex) and, if the rule has ``start``/``end``, falls inside that window.
 Excluded recipients leave customer counts; whether their *sources* are notified is decided by
-scoping, which still notifies a customer whose data went to an excluded recipient.
+scoping, which still notifies a customer whose data went to an excluded recipient. Rules mark
+every loaded request, not only those in the incident window: an excluded request from before
+the window can still be the source of a stale page read inside it.
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ def mark_exclusions(con: duckdb.DuckDBPyConnection, rules: tuple[Exclusion, ...]
             where += " AND " + " AND ".join(window)
         con.execute(
             "INSERT INTO findings_excluded SELECT request_id, tenant_id, $name "
-            f"FROM scoped_requests WHERE {where}",
+            f"FROM requests WHERE {where}",
             args,
         )
         con.execute(
