@@ -12,10 +12,61 @@ SQL_DIR = Path(__file__).resolve().parent / "sql"
 GAP_SECONDS = 1800.0  # a node silent for 30 minutes is a hole worth stating
 
 
-def assess(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) -> None:
-    """Fill findings_coverage."""
+def assess(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) -> dict[str, Any]:
+    """Fill findings_coverage and state, for the summary, how far the logs can be trusted."""
+    import json
+
     from forensics.detect import run_sql_file
     from forensics.schema import FINDINGS_DDL
 
     con.execute(FINDINGS_DDL["findings_coverage"])
     run_sql_file(con, SQL_DIR / "coverage.sql", {"gap_s": GAP_SECONDS})
+    holes, client_only, engine_only, engine_rows = con.execute(
+        """SELECT coalesce(sum(gap_count) FILTER (WHERE scope = 'requests'
+                                               OR scope LIKE 'engine_legs:%'), 0),
+                  coalesce(sum(rows) FILTER (WHERE scope = 'client_only'), 0),
+                  coalesce(sum(rows) FILTER (WHERE scope = 'engine_only'), 0),
+                  coalesce(sum(rows) FILTER (WHERE scope LIKE 'engine_legs:%'), 0)
+           FROM findings_coverage"""
+    ).fetchone()
+    statement = coverage_statement(int(holes), int(client_only), int(engine_only),
+                                   int(engine_rows))
+    con.execute(
+        "INSERT INTO findings_case VALUES ('coverage', $v)",
+        {"v": json.dumps(statement, sort_keys=True)},
+    )
+    return statement
+
+
+def coverage_statement(holes: int, client_only: int, engine_only: int, engine_rows: int) -> dict:
+    """One sentence on coverage that qualifies every conclusion of the report.
+
+    >>> coverage_statement(0, 0, 0, 10)["level"]
+    'complete'
+    >>> coverage_statement(2, 5, 0, 10)["statement"].startswith("Incomplete")
+    True
+    """
+    if engine_rows == 0:
+        return {
+            "level": "client_only",
+            "statement": "Client logs only: no engine legs were loaded, so no finding can be"
+            " checked against what the engines did; verdicts rest on prompt lengths, pool"
+            " limits and latency.",
+            "holes": holes, "client_only": client_only, "engine_only": engine_only,
+        }
+    if holes == 0 and client_only == 0 and engine_only == 0:
+        return {
+            "level": "complete",
+            "statement": "Complete for the window: every client request has its engine legs,"
+            " every engine leg its client request, and no log falls silent while the other"
+            " side shows work.",
+            "holes": 0, "client_only": 0, "engine_only": 0,
+        }
+    return {
+        "level": "incomplete",
+        "statement": f"Incomplete: {holes:,} silences in a log while the other side shows work,"
+        f" {client_only:,} requests with no engine leg, {engine_only:,} engine legs with no"
+        " client request. Findings for those requests and periods rest on the side that was"
+        " logged; see Log coverage.",
+        "holes": holes, "client_only": client_only, "engine_only": engine_only,
+    }

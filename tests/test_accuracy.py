@@ -46,6 +46,8 @@ def test_complete_logs_find_every_affected_response_and_exact_sources(loaded_cas
     assert ev.exclusions_exact, ev.exclusion_mismatches
     assert ev.methods.keys() == {"allocator_replay"}
     assert ev.source_pairs.recall == 1.0 and ev.source_pairs.precision == 1.0, ev.lines()
+    coverage = con.execute("SELECT value FROM findings_case WHERE key = 'coverage'").fetchone()
+    assert '"level": "complete"' in coverage[0]
 
 
 def test_allocation_log_gives_exact_sources(loaded_case, tmp_path):

@@ -139,6 +139,10 @@ def test_coverage_reports_holes_not_quiet_hours_and_one_sided_requests(tmp_path)
     assert rows[("requests", None)][:2] == (6, 1)
     assert rows[("client_only", "p0")][0] == 2  # b and m have no engine leg
     assert rows[("engine_only", "p0")][0] == 1  # zz has no client record
+    stated = json.loads(con.execute(
+        "SELECT value FROM findings_case WHERE key = 'coverage'").fetchone()[0])
+    assert stated["level"] == "incomplete"
+    assert (stated["holes"], stated["client_only"], stated["engine_only"]) == (2, 2, 1)
 
 
 def test_explain_gathers_signals_legs_and_exposures(tmp_path):

@@ -222,12 +222,14 @@ def test_summary_numbers_match_the_csvs(report):
     assert sum(int(n["responses"]) for n in notes if n["role"] == "recipient") == len(customer)
     assert value("fact-window") == "2026-09-01T00:00:00Z to 2026-09-02T00:00:00Z"
     assert "researcher only" in value("fact-exploitation")
+    assert value("fact-coverage") == "incomplete"
     for fact in (
         "fact-affected",
         "fact-recipients",
         "fact-sources",
         "fact-window",
         "fact-exploitation",
+        "fact-coverage",
     ):
         basis = [n for n in dom.by_id(fact).iter() if n.attrs.get("class") == "basis"]
         assert basis and basis[0].text, f"{fact} has no basis"

@@ -104,6 +104,7 @@ class ReportData:
     attribution_methods: dict[str, int]
     window: dict[str, str]
     exploitation_summary: dict[str, Any]
+    coverage_summary: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
     nodes: list[str] = field(default_factory=list)
 
@@ -288,10 +289,19 @@ def load_report_data(
         attribution_methods=methods,
         window=window,
         exploitation_summary=expl_summary,
+        coverage_summary=_coverage_summary(facts.get("coverage")),
     )
     data.summary = _summary(data)
     data.nodes = sorted({a["decode_node"] or "(unknown)" for a in affected})
     return data
+
+
+def _coverage_summary(value: Any) -> dict[str, Any]:
+    """Detection's statement on log coverage, or a plain one when it made none."""
+    if isinstance(value, dict) and value.get("statement"):
+        return {"level": str(value.get("level") or "unknown"),
+                "statement": str(value["statement"])}
+    return {"level": "unknown", "statement": "No coverage statement was recorded."}
 
 
 def _window(value: Any, case: Case) -> dict[str, str]:
