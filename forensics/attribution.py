@@ -283,6 +283,13 @@ def _replay(con, node: str, rank, members: list, method: str) -> tuple[list[tupl
         warning = (f"{shortfalls} allocations did not fit the replayed pool; the logs are"
                    " incomplete or the pool was not empty when they begin, so sources are"
                    " approximate")
+    unknown = sum(1 for row in timeline if row[1] is None)
+    if unknown:
+        # Without the client record a leg's generated tokens are unknown, so its allocation
+        # size is a guess and every later allocation on the rank may be shifted.
+        warning = (f"{unknown} decode legs have no client record (tenant and generated tokens"
+                   " unknown), so the replayed pool is approximate"
+                   + (f"; {warning}" if warning else ""))
     exposures.sort(key=lambda e: (e[0], -e[5], e[2]))
     return exposures, warning
 

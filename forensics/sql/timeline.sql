@@ -26,5 +26,16 @@ client_only AS (
   FROM requests r
   WHERE r.decode_node IS NOT NULL AND r.http_status BETWEEN 200 AND 299
     AND r.request_id NOT IN (SELECT request_id FROM legs)
+),
+engine_only AS (
+  -- A decode leg with no client record still held pages: keep it in the pool's history (its
+  -- tenant is unknown; its generated tokens too, so only its prompt pages are counted).
+  SELECT l.request_id, NULL::VARCHAR AS tenant_id, l.node, l.dp_rank,
+         l.started_at AS alloc_at, l.finished_at AS free_at,
+         l.reserved_tokens AS prompt_tokens, 0::BIGINT AS completion_tokens,
+         'engine_legs' AS source_table, l.evidence_id, l.source_row
+  FROM engine_legs l
+  WHERE l.role IN ('decode', 'unified') AND l.reserved_tokens > 0 AND l.error IS NULL
+    AND l.request_id NOT IN (SELECT request_id FROM matched_legs)
 )
-SELECT * FROM legs UNION ALL SELECT * FROM client_only;
+SELECT * FROM legs UNION ALL SELECT * FROM client_only UNION ALL SELECT * FROM engine_only;
