@@ -179,7 +179,10 @@ def _print_status(console: Console, report: StatusReport, where: Path) -> None:
         console.print(f"No evidence loaded in {where} yet.")
         return
     files = Table(title=f"Evidence in {where}", title_justify="left")
-    for name in ("path", "kind", "format", "sha256"):
+    # Paths are what a responder copies: give them room before the other columns.
+    widest = max(len(f.path) for f in report.files)
+    files.add_column("path", overflow="fold", min_width=min(widest, 36))
+    for name in ("kind", "format", "sha256"):
         files.add_column(name, overflow="fold")
     for name in ("rows", "rejects"):
         files.add_column(name, justify="right")
