@@ -206,74 +206,89 @@ def _choose_method(con, node: str, rank, members: list) -> tuple[str, str | None
     return "allocator_replay", None
 
 
+_GROUP = "node = $node AND (dp_rank = $rank OR ($rank IS NULL AND dp_rank IS NULL))"
+
+
 def _replay(con, node: str, rank, members: list, method: str) -> tuple[list[tuple], str | None]:
-    """Replay one decode rank's pool and return exposure rows for its victims."""
+    """Replay one decode rank's pool and return exposure rows for its victims.
+
+    DuckDB builds and orders the event list (pool starts, frees, allocations); Python only walks
+    it, so the cost is one pass over the rank's requests.
+    """
+    import numpy as np
+
+    args = {"node": node, "rank": rank}
+    con.execute(
+        f"""CREATE OR REPLACE TEMP TABLE replay_rows AS
+            SELECT row_number() OVER (ORDER BY alloc_at, request_id) - 1 AS idx, *
+            FROM decode_timeline WHERE {_GROUP} AND alloc_at IS NOT NULL""",
+        args,
+    )
+    timeline = con.execute(
+        """SELECT request_id, tenant_id, prompt_tokens, completion_tokens, source_table, free_at
+           FROM replay_rows ORDER BY idx"""
+    ).fetchall()
+    # Events in engine order: at one instant a pool (re)start first, then frees, then
+    # allocations, each in request-id order.
+    starts = """SELECT epoch_us(observed_at) AS us, 0 AS kind, NULL::VARCHAR AS rid,
+                       NULL::BIGINT AS idx, pool_tokens, page_size,
+                       NULL::BIGINT[] AS firsts, NULL::BIGINT[] AS counts
+                FROM decode_limits WHERE node = $node"""
+    if method == "allocation_log":
+        moves = f"""SELECT epoch_us(k."at"), CASE k.op WHEN 'alloc' THEN 2 ELSE 1 END,
+                           k.request_id, any_value(t.idx), NULL, NULL,
+                           list(k.first_page ORDER BY k.first_page),
+                           list(k.page_count ORDER BY k.first_page)
+                    FROM kv_allocations k LEFT JOIN replay_rows t USING (request_id)
+                    WHERE k.node = $node
+                      AND (k.dp_rank = $rank OR ($rank IS NULL AND k.dp_rank IS NULL))
+                    GROUP BY k."at", k.op, k.request_id"""
+    else:
+        moves = """SELECT epoch_us(alloc_at), 2, request_id, idx, NULL, NULL, NULL, NULL
+                   FROM replay_rows
+                   UNION ALL
+                   SELECT epoch_us(free_at), 1, request_id, idx, NULL, NULL, NULL, NULL
+                   FROM replay_rows WHERE free_at IS NOT NULL"""
+    events = con.execute(
+        f"SELECT kind, rid, idx, pool_tokens, page_size, firsts, counts FROM ({starts} "
+        f"UNION ALL {moves}) ORDER BY us, kind, rid NULLS FIRST",
+        args if method == "allocation_log" else {"node": node},
+    ).fetchall()
 
     victims = {m[0]: m for m in members}
-    timeline = con.execute(
-        """SELECT request_id, tenant_id, alloc_at, free_at, prompt_tokens, completion_tokens,
-                  source_table
-           FROM decode_timeline
-           WHERE node = $node AND (dp_rank = $rank OR ($rank IS NULL AND dp_rank IS NULL))
-             AND alloc_at IS NOT NULL
-           ORDER BY alloc_at, request_id""",
-        {"node": node, "rank": rank},
-    ).fetchall()
-    index = {row[0]: i for i, row in enumerate(timeline)}
-    limits = con.execute(
-        """SELECT observed_at, pool_tokens, page_size FROM decode_limits
-           WHERE node = $node ORDER BY observed_at""",
-        {"node": node},
-    ).fetchall()
-    # Events: (time, order, request). Pool (re)starts come first at their instant, then frees,
-    # then allocations, each in request-id order: the same order the engine log implies.
-    events: list[tuple] = [(at, 0, None, (pool, page)) for at, pool, page in limits]
-    logged_pages: dict[str, np.ndarray] = {}
-    if method == "allocation_log":
-        for rid, at, op, pages in _allocation_log(con, node, rank):
-            if op == "alloc":
-                logged_pages[rid] = pages
-                events.append((at, 2, rid, None))
-            else:
-                events.append((at, 1, rid, None))
-    else:
-        for rid, _t, alloc_at, free_at, *_ in timeline:
-            events.append((alloc_at, 2, rid, None))
-            if free_at is not None:
-                events.append((free_at, 1, rid, None))
-    events.sort(key=lambda e: (e[0], e[1], e[2] or ""))
     pool: PagePool | None = None
     page_size = 1
     exposures: list[tuple] = []
     shortfalls = 0
-    for _at, order, rid, payload in events:
-        if order == 0:
+    for kind, rid, i, pool_tokens, new_page_size, firsts, counts in events:
+        if kind == 0:
             if pool is not None:
                 shortfalls += pool.shortfalls
-            pool_tokens, page_size = payload
+            page_size = new_page_size
             pool = PagePool(pool_tokens // page_size)
             continue
         if pool is None:
             continue  # activity before any snapshot of the pool: nothing to replay against
-        if order == 1:
+        if kind == 1:
             pool.free(rid)
             continue
-        if rid in logged_pages:
-            pages = pool.take(rid, logged_pages[rid])
-        elif rid in index:
-            row = timeline[index[rid]]
-            pages = pool.alloc(rid, _ceil_div(row[4] + row[5], page_size))
+        if firsts is not None:
+            pages = pool.take(rid, np.concatenate(
+                [np.arange(f, f + c, dtype=np.int64) for f, c in zip(firsts, counts, strict=True)]
+            ))
+        elif i is not None:
+            row = timeline[i]
+            pages = pool.alloc(rid, _ceil_div(row[2] + row[3], page_size))
         else:
             continue
-        if rid not in index:
-            continue
-        i = index[rid]
-        row = timeline[i]
+        if i is None:
+            continue  # an allocation with no request record: its pages keep their writers
         if rid in victims:
-            for writer, n in stale_read(pool, pages, i, row[4], row[5], page_size).items():
+            row = timeline[i]
+            for writer, n in stale_read(pool, pages, i, row[2], row[3], page_size).items():
                 src = timeline[writer]
                 exposures.append((rid, victims[rid][1], src[0], src[1], method, n * page_size,
-                                  _confidence(method, row[6]), None, src[3]))
+                                  _confidence(method, row[4]), None, src[5]))
         else:
             pool.writer[pages] = i
     if pool is not None:
@@ -314,25 +329,6 @@ def _confidence(method: str, source_table: str) -> str:
     if method == "allocation_log":
         return "exact"
     return "high" if source_table == "engine_legs" else "medium"
-
-
-def _allocation_log(con, node: str, rank):
-    """(request, time, op, pages) per allocation-log event; pages ascending per allocation."""
-    import numpy as np
-
-    rows = con.execute(
-        """SELECT request_id, "at", op, list(first_page ORDER BY first_page),
-                  list(page_count ORDER BY first_page)
-           FROM kv_allocations
-           WHERE node = $node AND (dp_rank = $rank OR ($rank IS NULL AND dp_rank IS NULL))
-           GROUP BY request_id, "at", op""",
-        {"node": node, "rank": rank},
-    ).fetchall()
-    for rid, at, op, firsts, counts in rows:
-        pages = np.concatenate(
-            [np.arange(f, f + c, dtype=np.int64) for f, c in zip(firsts, counts, strict=True)]
-        ) if firsts else np.zeros(0, dtype=np.int64)
-        yield rid, at, op, pages
 
 
 def _temporal(con, victims: list[str], params: dict[str, Any]) -> None:
