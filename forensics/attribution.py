@@ -101,7 +101,11 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 def stale_read(
-    pool: PagePool, pages: np.ndarray, victim: int, prompt_tokens: int, completion_tokens: int,
+    pool: PagePool,
+    pages: np.ndarray,
+    victim: int,
+    prompt_tokens: int,
+    completion_tokens: int,
     page_size: int,
 ) -> dict[int, int]:
     """What a victim reads, then what it overwrites. Returns {writer index: stale pages}.
@@ -146,11 +150,13 @@ def attribute(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) -> Attribu
         return result
     no_node = [v for v in victims if v[2] is None and v[8] is None]
     if no_node:
-        result.warnings.append((
-            "victims_without_node",
-            f"{len(no_node)} affected responses have no decode node: their sources cannot be"
-            " attributed (no exposure rows for them).",
-        ))
+        result.warnings.append(
+            (
+                "victims_without_node",
+                f"{len(no_node)} affected responses have no decode node: their sources cannot be"
+                " attributed (no exposure rows for them).",
+            )
+        )
     groups: dict[tuple, list] = {}
     for v in victims:
         node = v[2] or v[8]
@@ -235,7 +241,7 @@ def _replay(con, node: str, rank, members: list, method: str) -> tuple[list[tupl
                        NULL::BIGINT[] AS firsts, NULL::BIGINT[] AS counts
                 FROM decode_limits WHERE node = $node"""
     if method == "allocation_log":
-        moves = f"""SELECT epoch_us(k."at"), CASE k.op WHEN 'alloc' THEN 2 ELSE 1 END,
+        moves = """SELECT epoch_us(k."at"), CASE k.op WHEN 'alloc' THEN 2 ELSE 1 END,
                            k.request_id, any_value(t.idx), NULL, NULL,
                            list(k.first_page ORDER BY k.first_page),
                            list(k.page_count ORDER BY k.first_page)
@@ -273,9 +279,15 @@ def _replay(con, node: str, rank, members: list, method: str) -> tuple[list[tupl
             pool.free(rid)
             continue
         if firsts is not None:
-            pages = pool.take(rid, np.concatenate(
-                [np.arange(f, f + c, dtype=np.int64) for f, c in zip(firsts, counts, strict=True)]
-            ))
+            pages = pool.take(
+                rid,
+                np.concatenate(
+                    [
+                        np.arange(f, f + c, dtype=np.int64)
+                        for f, c in zip(firsts, counts, strict=True)
+                    ]
+                ),
+            )
         elif i is not None:
             row = timeline[i]
             pages = pool.alloc(rid, _ceil_div(row[2] + row[3], page_size))
@@ -287,24 +299,38 @@ def _replay(con, node: str, rank, members: list, method: str) -> tuple[list[tupl
             row = timeline[i]
             for writer, n in stale_read(pool, pages, i, row[2], row[3], page_size).items():
                 src = timeline[writer]
-                exposures.append((rid, victims[rid][1], src[0], src[1], method, n * page_size,
-                                  _confidence(method, row[4]), None, src[5]))
+                exposures.append(
+                    (
+                        rid,
+                        victims[rid][1],
+                        src[0],
+                        src[1],
+                        method,
+                        n * page_size,
+                        _confidence(method, row[4]),
+                        None,
+                        src[5],
+                    )
+                )
         else:
             pool.writer[pages] = i
     if pool is not None:
         shortfalls += pool.shortfalls
     warning = None
     if shortfalls:
-        warning = (f"{shortfalls} allocations did not fit the replayed pool; the logs are"
-                   " incomplete or the pool was not empty when they begin, so sources are"
-                   " approximate")
+        warning = (
+            f"{shortfalls} allocations did not fit the replayed pool; the logs are"
+            " incomplete or the pool was not empty when they begin, so sources are"
+            " approximate"
+        )
     unknown = sum(1 for row in timeline if row[1] is None)
     if unknown:
         # Without the client record a leg's generated tokens are unknown, so its allocation
         # size is a guess and every later allocation on the rank may be shifted.
-        warning = (f"{unknown} decode legs have no client record (tenant and generated tokens"
-                   " unknown), so the replayed pool is approximate"
-                   + (f"; {warning}" if warning else ""))
+        warning = (
+            f"{unknown} decode legs have no client record (tenant and generated tokens"
+            " unknown), so the replayed pool is approximate" + (f"; {warning}" if warning else "")
+        )
     exposures.sort(key=lambda e: (e[0], -e[5], e[2]))
     return exposures, warning
 
@@ -313,8 +339,17 @@ def _insert_exposures(con, rows: list[tuple]) -> None:
     """Bulk insert through Arrow (row-by-row inserts cost seconds per thousand rows)."""
     import pyarrow as pa
 
-    names = ["recipient_request_id", "recipient_tenant_id", "source_request_id",
-             "source_tenant_id", "method", "tokens", "confidence", "rank", "source_released_at"]
+    names = [
+        "recipient_request_id",
+        "recipient_tenant_id",
+        "source_request_id",
+        "source_tenant_id",
+        "method",
+        "tokens",
+        "confidence",
+        "rank",
+        "source_released_at",
+    ]
     exposure_rows = pa.table({n: [r[i] for r in rows] for i, n in enumerate(names)})  # noqa: F841
     con.execute(
         """INSERT INTO findings_exposures
@@ -345,8 +380,9 @@ def _temporal(con, victims: list[str], params: dict[str, Any]) -> None:
     """
     from forensics.detect import run_sql_file
 
-    run_sql_file(con, SQL_DIR / "temporal.sql",
-                 {"victims": victims, "window_s": params["overlap_window_s"]})
+    run_sql_file(
+        con, SQL_DIR / "temporal.sql", {"victims": victims, "window_s": params["overlap_window_s"]}
+    )
 
 
 def _mark_excluded(con) -> None:

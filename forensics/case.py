@@ -183,8 +183,14 @@ class _Reader:
 
 
 def _kind_name(kind: type | tuple) -> str:
-    names = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
-             list: "a list", dict: "a table"}
+    names = {
+        str: "a string",
+        int: "an integer",
+        float: "a number",
+        bool: "true or false",
+        list: "a list",
+        dict: "a table",
+    }
     if isinstance(kind, tuple):
         return " or ".join(names.get(k, k.__name__) for k in kind)
     return names.get(kind, kind.__name__)
@@ -229,9 +235,7 @@ def load_case(path: str | Path) -> Case:
     db.check_keys({"path"})
     database = path.parent / db.get("path", str, "case.duckdb")
 
-    evidence = tuple(
-        _evidence(path, i, item, tz) for i, item in enumerate(_array(top, "evidence"))
-    )
+    evidence = tuple(_evidence(path, i, item, tz) for i, item in enumerate(_array(top, "evidence")))
     detection = _detection(path, raw.get("detection", {}))
     exclusions = tuple(
         _exclusion(path, i, item, tz) for i, item in enumerate(_array(top, "exclusion"))
@@ -244,8 +248,9 @@ def load_case(path: str | Path) -> Case:
     for i, item in enumerate(_array(top, "timeline")):
         r = _Reader(path, f"[[timeline]] #{i + 1}", item)
         r.check_keys({"at", "event"})
-        timeline.append(TimelineEvent(r.instant("at", tz, required=True),
-                                      r.get("event", str, required=True)))
+        timeline.append(
+            TimelineEvent(r.instant("at", tz, required=True), r.get("event", str, required=True))
+        )
 
     return Case(
         path=path,
@@ -321,8 +326,18 @@ def _detection(path: Path, item: Any) -> Detection:
 
 def _exclusion(path: Path, i: int, item: Any, tz: str) -> Exclusion:
     r = _Reader(path, f"[[exclusion]] #{i + 1}", item)
-    r.check_keys({"name", "reason", "tenant_ids", "api_key_ids", "client_cidrs",
-                  "user_agent_regex", "start", "end"})
+    r.check_keys(
+        {
+            "name",
+            "reason",
+            "tenant_ids",
+            "api_key_ids",
+            "client_cidrs",
+            "user_agent_regex",
+            "start",
+            "end",
+        }
+    )
     name = r.get("name", str, required=True)
     r.where = f"[[exclusion]] {name!r}"
     cidrs = r.strings("client_cidrs")
@@ -349,6 +364,9 @@ def _exclusion(path: Path, i: int, item: Any, tz: str) -> Exclusion:
     )
     if not (ex.tenant_ids or ex.api_key_ids or ex.client_cidrs or ex.user_agent_regex):
         # A rule with only a time window would exclude every customer in it: refuse it.
-        r.fail("tenant_ids", "an exclusion needs tenant_ids, api_key_ids, client_cidrs "
-               "or user_agent_regex (a time window alone would exclude every customer)")
+        r.fail(
+            "tenant_ids",
+            "an exclusion needs tenant_ids, api_key_ids, client_cidrs "
+            "or user_agent_regex (a time window alone would exclude every customer)",
+        )
     return ex

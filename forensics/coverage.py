@@ -29,8 +29,7 @@ def assess(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) -> dict[str, 
                   coalesce(sum(rows) FILTER (WHERE scope LIKE 'engine_legs:%'), 0)
            FROM findings_coverage"""
     ).fetchone()
-    statement = coverage_statement(int(holes), int(client_only), int(engine_only),
-                                   int(engine_rows))
+    statement = coverage_statement(int(holes), int(client_only), int(engine_only), int(engine_rows))
     con.execute(
         "INSERT INTO findings_case VALUES ('coverage', $v)",
         {"v": json.dumps(statement, sort_keys=True)},
@@ -52,7 +51,9 @@ def coverage_statement(holes: int, client_only: int, engine_only: int, engine_ro
             "statement": "Client logs only: no engine legs were loaded, so no finding can be"
             " checked against what the engines did; verdicts rest on prompt lengths, pool"
             " limits and latency.",
-            "holes": holes, "client_only": client_only, "engine_only": engine_only,
+            "holes": holes,
+            "client_only": client_only,
+            "engine_only": engine_only,
         }
     if holes == 0 and client_only == 0 and engine_only == 0:
         return {
@@ -60,7 +61,9 @@ def coverage_statement(holes: int, client_only: int, engine_only: int, engine_ro
             "statement": "Complete for the window: every client request has its engine legs,"
             " every engine leg its client request, and no log falls silent while the other"
             " side shows work.",
-            "holes": 0, "client_only": 0, "engine_only": 0,
+            "holes": 0,
+            "client_only": 0,
+            "engine_only": 0,
         }
     return {
         "level": "incomplete",
@@ -68,5 +71,7 @@ def coverage_statement(holes: int, client_only: int, engine_only: int, engine_ro
         f" {client_only:,} requests with no engine leg, {engine_only:,} engine legs with no"
         " client request. Findings for those requests and periods rest on the side that was"
         " logged; see Log coverage.",
-        "holes": holes, "client_only": client_only, "engine_only": engine_only,
+        "holes": holes,
+        "client_only": client_only,
+        "engine_only": engine_only,
     }

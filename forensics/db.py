@@ -68,13 +68,18 @@ def insert_rows(con: duckdb.DuckDBPyConnection, kind: str, rows: list[dict], evi
     known = {c.name for c in cols}
     names = ", ".join(f'"{c.name}"' for c in cols)
     values = ", ".join(f"CAST(${c.name} AS {SQL_TYPE[c.type]})" for c in cols)
-    sql = (f'INSERT INTO {kind} ({names}, extra, evidence_id, source_row) '
-           f"VALUES ({values}, $extra, $evidence_id, $source_row)")
+    sql = (
+        f"INSERT INTO {kind} ({names}, extra, evidence_id, source_row) "
+        f"VALUES ({values}, $extra, $evidence_id, $source_row)"
+    )
     import json
 
     for i, row in enumerate(rows, start=1):
         unknown = {k: v for k, v in row.items() if k not in known}
         args = {c.name: row.get(c.name) for c in cols}
-        args |= {"extra": json.dumps(unknown) if unknown else None,
-                 "evidence_id": evidence_id, "source_row": i}
+        args |= {
+            "extra": json.dumps(unknown) if unknown else None,
+            "evidence_id": evidence_id,
+            "source_row": i,
+        }
         con.execute(sql, args)

@@ -171,7 +171,8 @@ def prepare(
 def _statements(path: Path) -> list[str]:
     """The statements of a SQL file (split on ';' at line ends; our files keep to that)."""
     text = "\n".join(
-        line for line in path.read_text(encoding="utf-8").splitlines()
+        line
+        for line in path.read_text(encoding="utf-8").splitlines()
         if not line.strip().startswith("--")
     )
     return [s.strip() for s in text.split(";\n") if s.strip().rstrip(";").strip()]
@@ -311,15 +312,30 @@ def evidence_warnings(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) ->
         out.append(("no_requests", "No client requests are loaded: nothing can be judged."))
     if count["pool_snapshots"] == 0:
         if params.get("default_threshold_tokens") is None:
-            out.append(("no_pool_limit", "No pool snapshots and no [detection].default_pool_tokens:"
-                        " over_pool only sees limits logged in prefill rejection messages."))
+            out.append(
+                (
+                    "no_pool_limit",
+                    "No pool snapshots and no [detection].default_pool_tokens:"
+                    " over_pool only sees limits logged in prefill rejection messages.",
+                )
+            )
         else:
-            out.append(("no_pool_snapshots", "No pool snapshots: over_pool uses the limit implied"
-                        f" by default_pool_tokens ({params['default_threshold_tokens']:,} tokens)"
-                        " for every prefill node."))
+            out.append(
+                (
+                    "no_pool_snapshots",
+                    "No pool snapshots: over_pool uses the limit implied"
+                    f" by default_pool_tokens ({params['default_threshold_tokens']:,} tokens)"
+                    " for every prefill node.",
+                )
+            )
     if count["engine_legs"] == 0:
-        out.append(("no_engine_legs", "No engine legs: prefill_rejected and token_mismatch cannot"
-                    " fire, verdicts rest on over_pool and latency alone."))
+        out.append(
+            (
+                "no_engine_legs",
+                "No engine legs: prefill_rejected and token_mismatch cannot"
+                " fire, verdicts rest on over_pool and latency alone.",
+            )
+        )
     if count["requests"]:
         missing = con.execute(
             """SELECT count(*) FILTER (WHERE prefill_node IS NULL),
@@ -327,10 +343,20 @@ def evidence_warnings(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) ->
                FROM scoped_requests"""
         ).fetchone()
         if missing[0]:
-            out.append(("no_prefill_node", f"{missing[0]:,} of {missing[2]:,} requests have no"
-                        " prefill_node: the smallest prefill limit in force is applied to them."))
+            out.append(
+                (
+                    "no_prefill_node",
+                    f"{missing[0]:,} of {missing[2]:,} requests have no"
+                    " prefill_node: the smallest prefill limit in force is applied to them.",
+                )
+            )
         if missing[1]:
-            out.append(("no_decode_node", f"{missing[1]:,} of {missing[2]:,} requests have no"
-                        " decode_node: their decode pool is assumed to fit and their sources"
-                        " cannot be attributed to a node."))
+            out.append(
+                (
+                    "no_decode_node",
+                    f"{missing[1]:,} of {missing[2]:,} requests have no"
+                    " decode_node: their decode pool is assumed to fit and their sources"
+                    " cannot be attributed to a node.",
+                )
+            )
     return out

@@ -33,8 +33,10 @@ class Score:
         return self.true_positive / real if real else 1.0
 
     def __str__(self) -> str:
-        return (f"precision {self.precision:.3f} recall {self.recall:.3f} "
-                f"(tp {self.true_positive}, fp {self.false_positive}, fn {self.false_negative})")
+        return (
+            f"precision {self.precision:.3f} recall {self.recall:.3f} "
+            f"(tp {self.true_positive}, fp {self.false_positive}, fn {self.false_negative})"
+        )
 
 
 def score(found: set, truth: set) -> Score:
@@ -76,26 +78,31 @@ def evaluate(con: duckdb.DuckDBPyConnection, truth_dir: Path) -> Evaluation:
     """Score the findings in ``con`` against ``truth_dir`` (affected.csv, exposures.csv)."""
     truth_affected = {r["request_id"]: r for r in _read(truth_dir / "affected.csv")}
     truth_exposures = _read(truth_dir / "exposures.csv")
-    verdicts = dict(con.execute(
-        "SELECT request_id, verdict FROM findings_affected").fetchall())
+    verdicts = dict(con.execute("SELECT request_id, verdict FROM findings_affected").fetchall())
     notified = {rid for rid, v in verdicts.items() if v in ("confirmed", "likely")}
     possible_unaffected = sum(
         1 for rid, v in verdicts.items() if v == "possible" and rid not in truth_affected
     )
-    found_excl = dict(con.execute(
-        "SELECT request_id, coalesce(excluded_by, '') FROM findings_affected"
-        " WHERE verdict IN ('confirmed', 'likely')").fetchall())
+    found_excl = dict(
+        con.execute(
+            "SELECT request_id, coalesce(excluded_by, '') FROM findings_affected"
+            " WHERE verdict IN ('confirmed', 'likely')"
+        ).fetchall()
+    )
     mismatches = [
         (rid, row["excluded_by"], found_excl.get(rid))
         for rid, row in sorted(truth_affected.items())
         if rid in found_excl and (row["excluded_by"] or "") != found_excl[rid]
     ]
-    found_pairs = set(con.execute(
-        "SELECT DISTINCT recipient_request_id, source_tenant_id FROM findings_exposures"
-    ).fetchall())
+    found_pairs = set(
+        con.execute(
+            "SELECT DISTINCT recipient_request_id, source_tenant_id FROM findings_exposures"
+        ).fetchall()
+    )
     true_pairs = {(r["recipient_request_id"], r["source_tenant_id"]) for r in truth_exposures}
-    methods = dict(con.execute(
-        "SELECT method, count(*) FROM findings_exposures GROUP BY method").fetchall())
+    methods = dict(
+        con.execute("SELECT method, count(*) FROM findings_exposures GROUP BY method").fetchall()
+    )
     return Evaluation(
         affected=score(notified, set(truth_affected)),
         possible_unaffected=possible_unaffected,

@@ -80,7 +80,8 @@ def mark_exclusions(con: duckdb.DuckDBPyConnection, rules: tuple[Exclusion, ...]
         if ex.client_cidrs:
             if distinct_ips is None:
                 distinct_ips = [
-                    r[0] for r in con.execute(
+                    r[0]
+                    for r in con.execute(
                         "SELECT DISTINCT client_ip FROM requests WHERE client_ip IS NOT NULL"
                     ).fetchall()
                 ]

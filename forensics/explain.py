@@ -34,49 +34,68 @@ def explain_request(con: duckdb.DuckDBPyConnection, request_id: str) -> Explanat
     Raises:
         ForensicsError: the request id is not in the case, or detection has not run.
     """
-    found = _dicts(con.execute(
-        """SELECT r.*, e.path AS evidence_path FROM requests r
+    found = _dicts(
+        con.execute(
+            """SELECT r.*, e.path AS evidence_path FROM requests r
            LEFT JOIN evidence e USING (evidence_id) WHERE request_id = $id""",
-        {"id": request_id},
-    ))
+            {"id": request_id},
+        )
+    )
     if not found:
         raise ForensicsError(f"request {request_id!r} is not in this case")
     tables = {r[0] for r in con.execute("SHOW TABLES").fetchall()}
     if "findings_affected" not in tables:
         raise ForensicsError("no findings yet: run `forensics detect` on this case first")
     req = found[0]
-    legs = _dicts(con.execute(
-        """SELECT l.*, e.path AS evidence_path FROM engine_legs l
+    legs = _dicts(
+        con.execute(
+            """SELECT l.*, e.path AS evidence_path FROM engine_legs l
            LEFT JOIN evidence e USING (evidence_id)
            WHERE l.request_id = $id
               OR (l.bootstrap_room IS NOT NULL AND l.bootstrap_room = $room)
            ORDER BY l.started_at, l.role""",
-        {"id": request_id, "room": req.get("bootstrap_room")},
-    ))
-    signals = _dicts(con.execute(
-        """SELECT signal, detector_id, value, threshold, detail, evidence
+            {"id": request_id, "room": req.get("bootstrap_room")},
+        )
+    )
+    signals = _dicts(
+        con.execute(
+            """SELECT signal, detector_id, value, threshold, detail, evidence
            FROM findings_signals WHERE request_id = $id ORDER BY signal""",
-        {"id": request_id},
-    ))
+            {"id": request_id},
+        )
+    )
     for s in signals:
         s["evidence"] = json.loads(s["evidence"]) if s["evidence"] else []
-    verdict = _dicts(con.execute(
-        "SELECT verdict, signals, threshold_tokens, excluded_by, note FROM findings_affected"
-        " WHERE request_id = $id", {"id": request_id},
-    ))
-    exclusions = [r[0] for r in con.execute(
-        "SELECT exclusion FROM findings_excluded WHERE request_id = $id ORDER BY exclusion",
-        {"id": request_id},
-    ).fetchall()]
+    verdict = _dicts(
+        con.execute(
+            "SELECT verdict, signals, threshold_tokens, excluded_by, note FROM findings_affected"
+            " WHERE request_id = $id",
+            {"id": request_id},
+        )
+    )
+    exclusions = [
+        r[0]
+        for r in con.execute(
+            "SELECT exclusion FROM findings_excluded WHERE request_id = $id ORDER BY exclusion",
+            {"id": request_id},
+        ).fetchall()
+    ]
     exposure_cols = """source_request_id, source_tenant_id, recipient_request_id,
                        recipient_tenant_id, method, tokens, confidence, rank"""
-    as_recipient = _dicts(con.execute(
-        f"SELECT {exposure_cols} FROM findings_exposures WHERE recipient_request_id = $id"
-        " ORDER BY tokens DESC, source_request_id", {"id": request_id},
-    ))
-    as_source = _dicts(con.execute(
-        f"SELECT {exposure_cols} FROM findings_exposures WHERE source_request_id = $id"
-        " ORDER BY recipient_request_id", {"id": request_id},
-    ))
-    return Explanation(req, legs, signals, verdict[0] if verdict else None, exclusions,
-                       as_recipient, as_source)
+    as_recipient = _dicts(
+        con.execute(
+            f"SELECT {exposure_cols} FROM findings_exposures WHERE recipient_request_id = $id"
+            " ORDER BY tokens DESC, source_request_id",
+            {"id": request_id},
+        )
+    )
+    as_source = _dicts(
+        con.execute(
+            f"SELECT {exposure_cols} FROM findings_exposures WHERE source_request_id = $id"
+            " ORDER BY recipient_request_id",
+            {"id": request_id},
+        )
+    )
+    return Explanation(
+        req, legs, signals, verdict[0] if verdict else None, exclusions, as_recipient, as_source
+    )

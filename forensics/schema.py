@@ -120,7 +120,7 @@ def required(kind: str) -> list[str]:
 
 def table_ddl(kind: str) -> str:
     """CREATE TABLE statement of a canonical table, with provenance and ``extra`` columns."""
-    cols = [f"\"{c.name}\" {SQL_TYPE[c.type]}" for c in CANONICAL[kind]]
+    cols = [f'"{c.name}" {SQL_TYPE[c.type]}' for c in CANONICAL[kind]]
     cols += ["extra JSON", "evidence_id INTEGER NOT NULL", "source_row BIGINT NOT NULL"]
     return f"CREATE TABLE IF NOT EXISTS {kind} (\n  " + ",\n  ".join(cols) + "\n)"
 

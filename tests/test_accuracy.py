@@ -103,14 +103,15 @@ def test_exploitation_flags_the_researcher_and_no_customer(loaded_case, tmp_path
 
     con = _fresh(loaded_case, tmp_path)
     detect_case(con, loaded_case)
-    levels = dict(con.execute(
-        "SELECT tenant_id, level FROM findings_exploitation").fetchall())
+    levels = dict(con.execute("SELECT tenant_id, level FROM findings_exploitation").fetchall())
     assert levels["acct_researcher"] == "high"
-    customers = {t: lvl for t, lvl in levels.items() if t not in ("acct_researcher",
-                                                                  "acct_internal")}
+    customers = {
+        t: lvl for t, lvl in levels.items() if t not in ("acct_researcher", "acct_internal")
+    }
     assert all(lvl in ("none", "low") for lvl in customers.values()), customers
-    conclusion = json.loads(con.execute(
-        "SELECT value FROM findings_case WHERE key = 'exploitation'").fetchone()[0])
+    conclusion = json.loads(
+        con.execute("SELECT value FROM findings_case WHERE key = 'exploitation'").fetchone()[0]
+    )
     assert conclusion["level"] == "none" and "excluded traffic" in conclusion["conclusion"]
 
 
@@ -128,31 +129,45 @@ def test_missing_client_records_keep_their_decode_legs_in_the_replay(loaded_case
     assert ev.affected.recall == 1.0 and ev.affected.precision == 1.0
     # Every source whose client record survives is still named: the lost requests' pages are
     # not wrongly credited to the tenant who held them before.
-    knowable = set(con.execute(
-        """SELECT t.recipient_request_id, t.source_tenant_id
+    knowable = set(
+        con.execute(
+            """SELECT t.recipient_request_id, t.source_tenant_id
            FROM read_csv($x) t JOIN requests r ON r.request_id = t.source_request_id""",
-        {"x": str(loaded_case.folder / "truth" / "exposures.csv")},
-    ).fetchall())
-    found = set(con.execute(
-        "SELECT recipient_request_id, source_tenant_id FROM findings_exposures").fetchall())
+            {"x": str(loaded_case.folder / "truth" / "exposures.csv")},
+        ).fetchall()
+    )
+    found = set(
+        con.execute(
+            "SELECT recipient_request_id, source_tenant_id FROM findings_exposures"
+        ).fetchall()
+    )
     assert knowable <= found
     # The replayed pairs stay mostly right; the temporal candidates that complete them are
     # marked low / very_low.
-    truth_pairs = set(con.execute(
-        "SELECT recipient_request_id, source_tenant_id FROM read_csv($x)",
-        {"x": str(loaded_case.folder / "truth" / "exposures.csv")},
-    ).fetchall())
-    replayed = set(con.execute(
-        """SELECT recipient_request_id, source_tenant_id FROM findings_exposures
-           WHERE method = 'allocator_replay' AND source_tenant_id IS NOT NULL""").fetchall())
+    truth_pairs = set(
+        con.execute(
+            "SELECT recipient_request_id, source_tenant_id FROM read_csv($x)",
+            {"x": str(loaded_case.folder / "truth" / "exposures.csv")},
+        ).fetchall()
+    )
+    replayed = set(
+        con.execute(
+            """SELECT recipient_request_id, source_tenant_id FROM findings_exposures
+           WHERE method = 'allocator_replay' AND source_tenant_id IS NOT NULL"""
+        ).fetchall()
+    )
     assert len(replayed & truth_pairs) / len(replayed) > 0.9
-    assert {c for (c,) in con.execute(
-        "SELECT DISTINCT confidence FROM findings_exposures WHERE method = 'temporal'"
-    ).fetchall()} <= {"low", "very_low"}
+    assert {
+        c
+        for (c,) in con.execute(
+            "SELECT DISTINCT confidence FROM findings_exposures WHERE method = 'temporal'"
+        ).fetchall()
+    } <= {"low", "very_low"}
     # Pages last written by a request the client log lost are still attributed, to its
     # engine request id with an unknown tenant, instead of to whoever held them before.
     unknown = con.execute(
-        "SELECT count(*) FROM findings_exposures WHERE source_tenant_id IS NULL").fetchone()[0]
+        "SELECT count(*) FROM findings_exposures WHERE source_tenant_id IS NULL"
+    ).fetchone()[0]
     assert unknown > 0
     coverage = con.execute("SELECT value FROM findings_case WHERE key = 'coverage'").fetchone()
     assert '"level": "incomplete"' in coverage[0]

@@ -13,8 +13,13 @@ from forensics.errors import ForensicsError
 from forensics.explain import explain_request
 
 LIMIT = 681274
-PREFILL = {"node": "p0", "observed_at": "2026-08-27T00:00:00Z", "role": "prefill",
-           "max_total_num_tokens": 681280, "context_length": 1048576}
+PREFILL = {
+    "node": "p0",
+    "observed_at": "2026-08-27T00:00:00Z",
+    "role": "prefill",
+    "max_total_num_tokens": 681280,
+    "context_length": 1048576,
+}
 
 
 def _case(tmp_path, rules=""):
@@ -25,9 +30,15 @@ def _case(tmp_path, rules=""):
 
 
 def _req(rid, tenant, minute, prompt, status=200, **kw):
-    return {"request_id": rid, "tenant_id": tenant, "prompt_tokens": prompt,
-            "received_at": f"2026-08-28T10:{minute:02d}:00Z", "http_status": status,
-            "prefill_node": "p0", **kw}
+    return {
+        "request_id": rid,
+        "tenant_id": tenant,
+        "prompt_tokens": prompt,
+        "received_at": f"2026-08-28T10:{minute:02d}:00Z",
+        "http_status": status,
+        "prefill_node": "p0",
+        **kw,
+    }
 
 
 def test_each_exclusion_selector_and_the_time_window(tmp_path):
@@ -48,19 +59,30 @@ start = "2026-08-28T10:30:00Z"
 """
     case, con = _case(tmp_path, rules)
     insert_rows(con, "pool_snapshots", [PREFILL])
-    insert_rows(con, "requests", [
-        _req("a", "t1", 1, 700000, api_key_id="k-test"),
-        _req("b", "t2", 2, 700000, client_ip="10.9.3.4"),
-        _req("c", "t3", 3, 700000, client_ip="2001:db8::7"),
-        _req("d", "t4", 4, 700000, user_agent="canary/2.1"),
-        _req("e", "t-late", 5, 700000),  # before the rule's window: a customer
-        _req("f", "t-late", 40, 700000),
-        _req("g", "t5", 6, 700000, client_ip="10.8.0.1", user_agent="curl canary/1"),
-    ])
+    insert_rows(
+        con,
+        "requests",
+        [
+            _req("a", "t1", 1, 700000, api_key_id="k-test"),
+            _req("b", "t2", 2, 700000, client_ip="10.9.3.4"),
+            _req("c", "t3", 3, 700000, client_ip="2001:db8::7"),
+            _req("d", "t4", 4, 700000, user_agent="canary/2.1"),
+            _req("e", "t-late", 5, 700000),  # before the rule's window: a customer
+            _req("f", "t-late", 40, 700000),
+            _req("g", "t5", 6, 700000, client_ip="10.8.0.1", user_agent="curl canary/1"),
+        ],
+    )
     detect_case(con, case)
     marks = dict(con.execute("SELECT request_id, excluded_by FROM findings_affected").fetchall())
-    assert marks == {"a": "keys", "b": "cidr", "c": "cidr", "d": "ua", "e": None,
-                     "f": "late-tenant", "g": None}
+    assert marks == {
+        "a": "keys",
+        "b": "cidr",
+        "c": "cidr",
+        "d": "ua",
+        "e": None,
+        "f": "late-tenant",
+        "g": None,
+    }
     counts = con.execute(
         "SELECT name, requests_matched, affected_matched FROM findings_exclusions ORDER BY ordinal"
     ).fetchall()
@@ -79,22 +101,27 @@ def test_a_rule_that_matches_nothing_reports_zero(tmp_path):
 def test_exploitation_scores_probing_high_and_an_ordinary_long_prompt_low(tmp_path):
     case, con = _case(tmp_path)
     insert_rows(con, "pool_snapshots", [PREFILL])
-    probes = [_req(f"p{i}", "prober", i, LIMIT + 50 + i, client_ip="203.0.113.9")
-              for i in range(6)]
-    probes += [_req(f"q{i}", "prober", 10 + i, LIMIT - 100 - i, client_ip="203.0.113.9")
-               for i in range(3)]
+    probes = [_req(f"p{i}", "prober", i, LIMIT + 50 + i, client_ip="203.0.113.9") for i in range(6)]
+    probes += [
+        _req(f"q{i}", "prober", 10 + i, LIMIT - 100 - i, client_ip="203.0.113.9") for i in range(3)
+    ]
     ordinary = [_req("o1", "coder", 30, 910000, client_ip="198.51.100.1")]
     shared = [_req("s1", "other", 31, 2000, client_ip="203.0.113.9")]
     insert_rows(con, "requests", probes + ordinary + shared)
     detect_case(con, case)
-    rows = {r[0]: r[1:] for r in con.execute(
-        "SELECT tenant_id, level, score, reasons FROM findings_exploitation").fetchall()}
+    rows = {
+        r[0]: r[1:]
+        for r in con.execute(
+            "SELECT tenant_id, level, score, reasons FROM findings_exploitation"
+        ).fetchall()
+    }
     assert rows["prober"][0] == "high"
     reasons = " ".join(json.loads(rows["prober"][2]))
     assert "probing both sides" in reasons and "shared with other tenants" in reasons
     assert rows["coder"][0] == "none"
-    conclusion = json.loads(con.execute(
-        "SELECT value FROM findings_case WHERE key = 'exploitation'").fetchone()[0])
+    conclusion = json.loads(
+        con.execute("SELECT value FROM findings_case WHERE key = 'exploitation'").fetchone()[0]
+    )
     assert conclusion["level"] == "high"
     assert "prober" in " ".join(conclusion["basis"])
 
@@ -102,34 +129,61 @@ def test_exploitation_scores_probing_high_and_an_ordinary_long_prompt_low(tmp_pa
 def test_probing_by_excluded_traffic_is_not_a_customer_exploit(tmp_path):
     case, con = _case(tmp_path, '[[exclusion]]\nname = "researcher"\ntenant_ids = ["prober"]\n')
     insert_rows(con, "pool_snapshots", [PREFILL])
-    insert_rows(con, "requests", [_req(f"p{i}", "prober", i, LIMIT + i) for i in range(6)]
-                + [_req(f"q{i}", "prober", 10 + i, LIMIT - 10 - i) for i in range(2)])
+    insert_rows(
+        con,
+        "requests",
+        [_req(f"p{i}", "prober", i, LIMIT + i) for i in range(6)]
+        + [_req(f"q{i}", "prober", 10 + i, LIMIT - 10 - i) for i in range(2)],
+    )
     detect_case(con, case)
-    conclusion = json.loads(con.execute(
-        "SELECT value FROM findings_case WHERE key = 'exploitation'").fetchone()[0])
+    conclusion = json.loads(
+        con.execute("SELECT value FROM findings_case WHERE key = 'exploitation'").fetchone()[0]
+    )
     assert conclusion["level"] == "none"
     assert "excluded traffic" in conclusion["conclusion"]
 
 
 def test_coverage_reports_holes_not_quiet_hours_and_one_sided_requests(tmp_path):
     case, con = _case(tmp_path)
-    insert_rows(con, "requests", [
-        _req("a", "t1", 0, 1000), _req("b", "t1", 1, 1000),
-        {**_req("m", "t1", 0, 1000), "received_at": "2026-08-28T11:30:00Z"},
-        {**_req("c", "t1", 0, 1000), "received_at": "2026-08-28T13:00:00Z"},
-        # A quiet night on p1: no client request routed there either, so not a hole.
-        {**_req("n1", "t2", 0, 1000), "prefill_node": "p1"},
-        {**_req("n2", "t2", 0, 1000), "prefill_node": "p1", "received_at": "2026-08-28T15:00:00Z"},
-    ])
-    legs = [("a", "p0", "10:00:01"), ("c", "p0", "13:00:01"), ("zz", "p0", "13:30:00"),
-            ("n1", "p1", "10:00:01"), ("n2", "p1", "15:00:01")]
-    insert_rows(con, "engine_legs", [
-        {"request_id": r, "role": "prefill", "node": n, "started_at": f"2026-08-28T{t}Z"}
-        for r, n, t in legs
-    ])
+    insert_rows(
+        con,
+        "requests",
+        [
+            _req("a", "t1", 0, 1000),
+            _req("b", "t1", 1, 1000),
+            {**_req("m", "t1", 0, 1000), "received_at": "2026-08-28T11:30:00Z"},
+            {**_req("c", "t1", 0, 1000), "received_at": "2026-08-28T13:00:00Z"},
+            # A quiet night on p1: no client request routed there either, so not a hole.
+            {**_req("n1", "t2", 0, 1000), "prefill_node": "p1"},
+            {
+                **_req("n2", "t2", 0, 1000),
+                "prefill_node": "p1",
+                "received_at": "2026-08-28T15:00:00Z",
+            },
+        ],
+    )
+    legs = [
+        ("a", "p0", "10:00:01"),
+        ("c", "p0", "13:00:01"),
+        ("zz", "p0", "13:30:00"),
+        ("n1", "p1", "10:00:01"),
+        ("n2", "p1", "15:00:01"),
+    ]
+    insert_rows(
+        con,
+        "engine_legs",
+        [
+            {"request_id": r, "role": "prefill", "node": n, "started_at": f"2026-08-28T{t}Z"}
+            for r, n, t in legs
+        ],
+    )
     detect_case(con, case)
-    rows = {(r[0], r[1]): r[2:] for r in con.execute(
-        "SELECT scope, node, rows, gap_count, largest_gap_s FROM findings_coverage").fetchall()}
+    rows = {
+        (r[0], r[1]): r[2:]
+        for r in con.execute(
+            "SELECT scope, node, rows, gap_count, largest_gap_s FROM findings_coverage"
+        ).fetchall()
+    }
     # p0's log is silent 10:00-13:00 while the client sent m (11:30) to it: one hole.
     assert rows[("engine_legs:prefill", "p0")][:3] == (3, 1, 10800.0)
     # p1 is silent 10:00-15:00 with nothing routed to it: quiet, not a hole.
@@ -139,8 +193,9 @@ def test_coverage_reports_holes_not_quiet_hours_and_one_sided_requests(tmp_path)
     assert rows[("requests", None)][:2] == (6, 1)
     assert rows[("client_only", "p0")][0] == 2  # b and m have no engine leg
     assert rows[("engine_only", "p0")][0] == 1  # zz has no client record
-    stated = json.loads(con.execute(
-        "SELECT value FROM findings_case WHERE key = 'coverage'").fetchone()[0])
+    stated = json.loads(
+        con.execute("SELECT value FROM findings_case WHERE key = 'coverage'").fetchone()[0]
+    )
     assert stated["level"] == "incomplete"
     assert (stated["holes"], stated["client_only"], stated["engine_only"]) == (2, 2, 1)
 
@@ -149,11 +204,22 @@ def test_explain_gathers_signals_legs_and_exposures(tmp_path):
     case, con = _case(tmp_path)
     insert_rows(con, "pool_snapshots", [PREFILL])
     insert_rows(con, "requests", [_req("v", "t1", 1, 700000, bootstrap_room="42")])
-    insert_rows(con, "engine_legs", [{
-        "request_id": "rid-on-prefill", "bootstrap_room": "42", "role": "prefill", "node": "p0",
-        "started_at": "2026-08-28T10:01:00.1Z", "input_tokens": 1,
-        "error": "Input length (700000 tokens) exceeds the maximum allowed length (681274"
-                 " tokens). Use a shorter input or enable --allow-auto-truncate."}])
+    insert_rows(
+        con,
+        "engine_legs",
+        [
+            {
+                "request_id": "rid-on-prefill",
+                "bootstrap_room": "42",
+                "role": "prefill",
+                "node": "p0",
+                "started_at": "2026-08-28T10:01:00.1Z",
+                "input_tokens": 1,
+                "error": "Input length (700000 tokens) exceeds the maximum allowed length (681274"
+                " tokens). Use a shorter input or enable --allow-auto-truncate.",
+            }
+        ],
+    )
     detect_case(con, case)
     e = explain_request(con, "v")
     assert e.verdict["verdict"] == "confirmed"
@@ -167,12 +233,24 @@ def test_explain_gathers_signals_legs_and_exposures(tmp_path):
 def test_over_pool_alone_is_only_possible_when_prefill_processed_the_whole_prompt(tmp_path):
     case, con = _case(tmp_path, "[detection]\ndefault_pool_tokens = 681280\n")
     insert_rows(con, "requests", [_req("whole", "t1", 1, 700000), _req("silent", "t2", 2, 700000)])
-    insert_rows(con, "engine_legs", [{
-        "request_id": "whole", "role": "prefill", "node": "p0",
-        "started_at": "2026-08-28T10:01:00.1Z", "input_tokens": 700000}])
+    insert_rows(
+        con,
+        "engine_legs",
+        [
+            {
+                "request_id": "whole",
+                "role": "prefill",
+                "node": "p0",
+                "started_at": "2026-08-28T10:01:00.1Z",
+                "input_tokens": 700000,
+            }
+        ],
+    )
     detect_case(con, case)
-    rows = dict(con.execute(
-        "SELECT request_id, verdict || ':' || coalesce(note, '') FROM findings_affected"
-    ).fetchall())
+    rows = dict(
+        con.execute(
+            "SELECT request_id, verdict || ':' || coalesce(note, '') FROM findings_affected"
+        ).fetchall()
+    )
     assert rows["silent"] == "likely:"  # no leg says otherwise: notify
     assert rows["whole"].startswith("possible:its prefill leg processed the whole prompt")

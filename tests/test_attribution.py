@@ -19,8 +19,10 @@ from forensics.case import load_case
 from forensics.db import connect, insert_rows
 from forensics.detect import detect_case
 
-REJECT = ("Input length (20 tokens) exceeds the maximum allowed length (16 tokens)."
-          " Use a shorter input or enable --allow-auto-truncate.")
+REJECT = (
+    "Input length (20 tokens) exceeds the maximum allowed length (16 tokens)."
+    " Use a shorter input or enable --allow-auto-truncate."
+)
 
 
 def _t(second: int) -> str:
@@ -28,21 +30,43 @@ def _t(second: int) -> str:
 
 
 def _request(rid, tenant, prompt, start, end, **kw):
-    return {"request_id": rid, "tenant_id": tenant, "received_at": _t(start),
-            "prompt_tokens": prompt, "completion_tokens": kw.pop("completion", 4),
-            "http_status": 200, "prefill_node": "p0", "decode_node": "d0", "dp_rank": 0,
-            "ttft_ms": kw.pop("ttft", 50.0), "completed_at": _t(end), **kw}
+    return {
+        "request_id": rid,
+        "tenant_id": tenant,
+        "received_at": _t(start),
+        "prompt_tokens": prompt,
+        "completion_tokens": kw.pop("completion", 4),
+        "http_status": 200,
+        "prefill_node": "p0",
+        "decode_node": "d0",
+        "dp_rank": 0,
+        "ttft_ms": kw.pop("ttft", 50.0),
+        "completed_at": _t(end),
+        **kw,
+    }
 
 
 def _legs(rid, prompt, start, end, victim=False):
-    prefill = {"request_id": rid, "role": "prefill", "node": "p0", "started_at": _t(start),
-               "input_tokens": 1 if victim else prompt,
-               "transferred_tokens": 1 if victim else prompt}
+    prefill = {
+        "request_id": rid,
+        "role": "prefill",
+        "node": "p0",
+        "started_at": _t(start),
+        "input_tokens": 1 if victim else prompt,
+        "transferred_tokens": 1 if victim else prompt,
+    }
     if victim:
         prefill["error"] = REJECT
-    decode = {"request_id": rid, "role": "decode", "node": "d0", "dp_rank": 0,
-              "started_at": _t(start), "finished_at": _t(end), "reserved_tokens": prompt,
-              "transferred_tokens": 1 if victim else prompt}
+    decode = {
+        "request_id": rid,
+        "role": "decode",
+        "node": "d0",
+        "dp_rank": 0,
+        "started_at": _t(start),
+        "finished_at": _t(end),
+        "reserved_tokens": prompt,
+        "transferred_tokens": 1 if victim else prompt,
+    }
     return [prefill, decode]
 
 
@@ -63,16 +87,35 @@ def build_case(tmp_path, *, decode_snapshot=True, allocation_log=None, exclusion
     )
     case = load_case(manifest)
     con = connect(case.database)
-    insert_rows(con, "requests", [
-        _request(r, t, p, s, e, completion=2 if v else 4) for r, t, p, s, e, v in TIMELINE
-    ])
-    insert_rows(con, "engine_legs", [leg for r, _t2, p, s, e, v in TIMELINE
-                                     for leg in _legs(r, p, s, e, v)])
-    snaps = [{"node": "p0", "observed_at": _t(0), "role": "prefill", "max_total_num_tokens": 22,
-              "max_req_input_len": 16, "context_length": 100}]
+    insert_rows(
+        con,
+        "requests",
+        [_request(r, t, p, s, e, completion=2 if v else 4) for r, t, p, s, e, v in TIMELINE],
+    )
+    insert_rows(
+        con, "engine_legs", [leg for r, _t2, p, s, e, v in TIMELINE for leg in _legs(r, p, s, e, v)]
+    )
+    snaps = [
+        {
+            "node": "p0",
+            "observed_at": _t(0),
+            "role": "prefill",
+            "max_total_num_tokens": 22,
+            "max_req_input_len": 16,
+            "context_length": 100,
+        }
+    ]
     if decode_snapshot:
-        snaps.append({"node": "d0", "observed_at": _t(0), "role": "decode",
-                      "max_total_num_tokens": 40, "page_size": 4, "dp_size": 1})
+        snaps.append(
+            {
+                "node": "d0",
+                "observed_at": _t(0),
+                "role": "decode",
+                "max_total_num_tokens": 40,
+                "page_size": 4,
+                "dp_size": 1,
+            }
+        )
     insert_rows(con, "pool_snapshots", snaps)
     if allocation_log:
         insert_rows(con, "kv_allocations", allocation_log)
@@ -120,19 +163,33 @@ def test_allocator_replay_names_every_writer_and_the_repeat_leak(tmp_path):
 
 def test_allocation_log_is_used_when_present(tmp_path):
     def run(rid, at, op, first, count):
-        return {"node": "d0", "dp_rank": 0, "request_id": rid, "at": _t(at), "op": op,
-                "first_page": first, "page_count": count}
+        return {
+            "node": "d0",
+            "dp_rank": 0,
+            "request_id": rid,
+            "at": _t(at),
+            "op": op,
+            "first_page": first,
+            "page_count": count,
+        }
 
-    log = [run("A", 1, "alloc", 1, 3), run("A", 2, "free", 1, 3),
-           run("B", 3, "alloc", 4, 3), run("B", 4, "free", 4, 3),
-           run("C", 5, "alloc", 7, 3),
-           # V's log shows pages 1-2 and 7-10: C's pages, which the replay would not pick.
-           run("V", 6, "alloc", 1, 2), run("V", 6, "alloc", 7, 4)]
+    log = [
+        run("A", 1, "alloc", 1, 3),
+        run("A", 2, "free", 1, 3),
+        run("B", 3, "alloc", 4, 3),
+        run("B", 4, "free", 4, 3),
+        run("C", 5, "alloc", 7, 3),
+        # V's log shows pages 1-2 and 7-10: C's pages, which the replay would not pick.
+        run("V", 6, "alloc", 1, 2),
+        run("V", 6, "alloc", 7, 4),
+    ]
     case, con = build_case(tmp_path, allocation_log=log)
     detect_case(con, case)
     got = [e for e in exposures(con) if e[0] == "V"]
-    assert got == [("V", "A", "ta", "allocation_log", 4, "exact"),
-                   ("V", "C", "tc", "allocation_log", 12, "exact")]
+    assert got == [
+        ("V", "A", "ta", "allocation_log", 4, "exact"),
+        ("V", "C", "tc", "allocation_log", 12, "exact"),
+    ]
 
 
 def test_temporal_fallback_ranks_recent_releases_and_warns(tmp_path):
@@ -145,13 +202,17 @@ def test_temporal_fallback_ranks_recent_releases_and_warns(tmp_path):
     ).fetchall()
     # Window 5 s: V (t=6) sees B (released t=4) then A (t=2); W (t=8) sees V and B in the
     # window, and A (t=2) only as an older release of another tenant; C never ended.
-    assert rows == [("V", "B", 1, "low"), ("V", "A", 2, "low"),
-                    ("W", "V", 1, "low"), ("W", "B", 2, "low"), ("W", "A", 3, "very_low")]
+    assert rows == [
+        ("V", "B", 1, "low"),
+        ("V", "A", 2, "low"),
+        ("W", "V", 1, "low"),
+        ("W", "B", 2, "low"),
+        ("W", "A", 3, "very_low"),
+    ]
 
 
 def test_excluded_recipient_keeps_its_sources_marked(tmp_path):
-    rule = ('[[exclusion]]\nname = "researcher"\nreason = "bounty"\n'
-            'tenant_ids = ["tv"]\n')
+    rule = '[[exclusion]]\nname = "researcher"\nreason = "bounty"\ntenant_ids = ["tv"]\n'
     case, con = build_case(tmp_path, exclusion=rule)
     detect_case(con, case)
     assert con.execute(

@@ -49,15 +49,15 @@ def test_binds_on_the_empty_schema_and_declares_its_columns(det):
 def test_description_is_rendered_from_the_parameters(det):
     text = det.describe(det.defaults())
     assert "{" not in text and "}" not in text.replace("\\d+", "")
-    changed = {k: (12345 if isinstance(v, int | float) and not isinstance(v, bool) else v)
-               for k, v in det.defaults().items()}
+    changed = {
+        k: (12345 if isinstance(v, int | float) and not isinstance(v, bool) else v)
+        for k, v in det.defaults().items()
+    }
     if changed != det.defaults():
         assert det.describe(changed) != text
 
 
-@pytest.mark.parametrize(
-    "det,case", CASES, ids=[f"{d.id}: {t['name']}" for d, t in CASES]
-)
+@pytest.mark.parametrize("det,case", CASES, ids=[f"{d.id}: {t['name']}" for d, t in CASES])
 def test_detector_case(det, case):
     con = connect(":memory:")
     for kind, rows in case.get("rows", {}).items():

@@ -12,9 +12,7 @@ import pytest
 
 import forensics
 
-MODULES = sorted(
-    m.name for m in pkgutil.walk_packages(forensics.__path__, prefix="forensics.")
-)
+MODULES = sorted(m.name for m in pkgutil.walk_packages(forensics.__path__, prefix="forensics."))
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -99,10 +99,16 @@ def test_source_confidence_is_the_best_attribution_in_full_order(tmp_path):
     con = connect(tmp_path / "c.duckdb")
     for ddl in FINDINGS_DDL.values():
         con.execute(ddl)
-    con.execute("INSERT INTO findings_affected (request_id, tenant_id, received_at, verdict)"
-                " VALUES ('v', 'tv', '2026-09-01T10:00:00Z', 'confirmed')")
-    for src, confidence in [("s1", "medium"), ("s2", "very_low"), ("s3", "low"),
-                            ("s3b", "very_low")]:
+    con.execute(
+        "INSERT INTO findings_affected (request_id, tenant_id, received_at, verdict)"
+        " VALUES ('v', 'tv', '2026-09-01T10:00:00Z', 'confirmed')"
+    )
+    for src, confidence in [
+        ("s1", "medium"),
+        ("s2", "very_low"),
+        ("s3", "low"),
+        ("s3b", "very_low"),
+    ]:
         tenant = "t3" if src.startswith("s3") else f"t{src[1]}"
         con.execute(
             "INSERT INTO findings_exposures (recipient_request_id, recipient_tenant_id,"

@@ -52,27 +52,37 @@ def explain(
     echo = typer.echo
     r = e.request
     echo(f"Request {r['request_id']} (tenant {r['tenant_id']})")
-    echo(f"  received {r['received_at']}, HTTP {r['http_status']}, prompt {r['prompt_tokens']:,}"
-         f" tokens, completion {r['completion_tokens']}, TTFT {r['ttft_ms']} ms")
-    echo(f"  prefill {r['prefill_node']}, decode {r['decode_node']} rank {r['dp_rank']},"
-         f" bootstrap_room {r['bootstrap_room']}")
+    echo(
+        f"  received {r['received_at']}, HTTP {r['http_status']}, prompt {r['prompt_tokens']:,}"
+        f" tokens, completion {r['completion_tokens']}, TTFT {r['ttft_ms']} ms"
+    )
+    echo(
+        f"  prefill {r['prefill_node']}, decode {r['decode_node']} rank {r['dp_rank']},"
+        f" bootstrap_room {r['bootstrap_room']}"
+    )
     echo(f"  evidence: {r['evidence_path']} row {r['source_row']}")
     for leg in e.legs:
-        echo(f"  {leg['role']} leg on {leg['node']}: held {leg['input_tokens']},"
-             f" reserved {leg['reserved_tokens']}, transferred {leg['transferred_tokens']}"
-             f" ({leg['evidence_path']} row {leg['source_row']})")
+        echo(
+            f"  {leg['role']} leg on {leg['node']}: held {leg['input_tokens']},"
+            f" reserved {leg['reserved_tokens']}, transferred {leg['transferred_tokens']}"
+            f" ({leg['evidence_path']} row {leg['source_row']})"
+        )
         if leg["error"]:
             echo(f"    error: {leg['error']}")
     if not e.signals:
         echo("Signals: none")
     for s in e.signals:
-        echo(f"Signal {s['signal']}: value {s['value']:,.1f}, threshold "
-             f"{'-' if s['threshold'] is None else format(s['threshold'], ',.1f')}: {s['detail']}")
+        echo(
+            f"Signal {s['signal']}: value {s['value']:,.1f}, threshold "
+            f"{'-' if s['threshold'] is None else format(s['threshold'], ',.1f')}: {s['detail']}"
+        )
         for ev in s["evidence"]:
             echo(f"    from {ev['table']} evidence #{ev['evidence_id']} row {ev['source_row']}")
     if e.verdict:
-        echo(f"Verdict: {e.verdict['verdict']} ({e.verdict['signals']}), limit"
-             f" {e.verdict['threshold_tokens']}")
+        echo(
+            f"Verdict: {e.verdict['verdict']} ({e.verdict['signals']}), limit"
+            f" {e.verdict['threshold_tokens']}"
+        )
         if e.verdict["note"]:
             echo(f"  note: {e.verdict['note']}")
     else:
@@ -80,9 +90,13 @@ def explain(
     echo(f"Excluded by: {', '.join(e.exclusions) if e.exclusions else 'none'}")
     echo(f"Read other requests' KV ({len(e.as_recipient)}):")
     for x in e.as_recipient:
-        echo(f"  {x['source_request_id']} of {x['source_tenant_id']}: {x['tokens']:,} tokens,"
-             f" {x['method']} ({x['confidence']})")
+        echo(
+            f"  {x['source_request_id']} of {x['source_tenant_id']}: {x['tokens']:,} tokens,"
+            f" {x['method']} ({x['confidence']})"
+        )
     echo(f"Its KV was read by ({len(e.as_source)}):")
     for x in e.as_source:
-        echo(f"  {x['recipient_request_id']} of {x['recipient_tenant_id']}: {x['tokens']:,}"
-             f" tokens, {x['method']} ({x['confidence']})")
+        echo(
+            f"  {x['recipient_request_id']} of {x['recipient_tenant_id']}: {x['tokens']:,}"
+            f" tokens, {x['method']} ({x['confidence']})"
+        )

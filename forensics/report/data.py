@@ -299,8 +299,7 @@ def load_report_data(
 def _coverage_summary(value: Any) -> dict[str, Any]:
     """Detection's statement on log coverage, or a plain one when it made none."""
     if isinstance(value, dict) and value.get("statement"):
-        return {"level": str(value.get("level") or "unknown"),
-                "statement": str(value["statement"])}
+        return {"level": str(value.get("level") or "unknown"), "statement": str(value["statement"])}
     return {"level": "unknown", "statement": "No coverage statement was recorded."}
 
 
