@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fixtures.findings.builder import XSS, build
+from fixtures.findings.builder import SECTIONS, XSS, build
 
 from forensics.report import write_report
 
@@ -65,18 +65,7 @@ def test_hostile_tenant_name_renders_as_visible_text(page_and_log):
 
 def test_every_section_and_chart_is_rendered(page_and_log):
     page, log = page_and_log
-    for section in (
-        "summary",
-        "timeline",
-        "methodology",
-        "exclusions",
-        "affected-tenants",
-        "source-tenants",
-        "exploitation",
-        "coverage",
-        "charts",
-        "evidence",
-    ):
+    for section in SECTIONS:
         assert page.locator(f"section#{section}").is_visible(), section
     for chart in ("chart-over-time", "chart-ttft", "chart-nodes"):
         box = page.locator(f"#{chart} svg").bounding_box()

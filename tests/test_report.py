@@ -10,7 +10,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from fixtures.findings.builder import REQUESTS, TRAVERSAL, XSS, build
+from fixtures.findings.builder import OUTPUT_FILES, REQUESTS, SECTIONS, TRAVERSAL, XSS, build
 from typer.testing import CliRunner
 
 from forensics.cli import app
@@ -18,18 +18,6 @@ from forensics.errors import ForensicsError
 from forensics.report import write_report
 from forensics.report.notices import assign_slugs, tenant_slug
 
-SECTIONS = [
-    "summary",
-    "timeline",
-    "methodology",
-    "exclusions",
-    "affected-tenants",
-    "source-tenants",
-    "exploitation",
-    "coverage",
-    "charts",
-    "evidence",
-]
 ALL_TENANTS = sorted({r[1] for r in REQUESTS})
 ALL_REQUESTS = sorted(r[0] for r in REQUESTS)
 VOID = {"meta", "br", "hr", "img", "input", "link", "col", "area", "base", "source", "wbr"}
@@ -137,17 +125,7 @@ def test_writes_exactly_the_fixed_outputs_into_created_folders(report):
     out = report["out"]
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     slugs = assign_slugs([XSS, TRAVERSAL, "acct_alpha", "acct_beta", "acct_gamma"])
-    assert files == sorted(
-        [
-            "report.html",
-            "report.md",
-            "affected_responses.csv",
-            "exposures.csv",
-            "notifications.csv",
-            "manifest.json",
-        ]
-        + [f"notices/{s}.md" for s in slugs.values()]
-    )
+    assert files == sorted([*OUTPUT_FILES] + [f"notices/{s}.md" for s in slugs.values()])
     assert report["result"].files[-1] == out / "manifest.json"
 
 
@@ -446,14 +424,7 @@ def test_redacted_report_has_no_tenant_ids(tmp_path):
     assert result.notices == []
     assert any("Notices were not written" in m for m in result.messages)
     assert not list((out / "notices").glob("*.md"))
-    for name in (
-        "report.html",
-        "report.md",
-        "affected_responses.csv",
-        "exposures.csv",
-        "notifications.csv",
-        "manifest.json",
-    ):
+    for name in OUTPUT_FILES:
         text = (out / name).read_text(encoding="utf-8")
         # The HTML escapes "<", so check the escaped form of the hostile id too.
         for tenant in ALL_TENANTS + ["&lt;img src=x onerror=alert(1)&gt;"]:
@@ -580,14 +551,7 @@ def test_run_end_to_end_on_the_tiny_case(tmp_path):
     first = runner.invoke(app, ["run", str(manifest)])
     assert first.exit_code == 0, first.output
     out = tmp_path / "case" / "report"
-    for name in (
-        "report.html",
-        "report.md",
-        "affected_responses.csv",
-        "exposures.csv",
-        "notifications.csv",
-        "manifest.json",
-    ):
+    for name in OUTPUT_FILES:
         assert (out / name).is_file(), name
     _, affected = read_csv(out / "affected_responses.csv")
     _, notes = read_csv(out / "notifications.csv")
