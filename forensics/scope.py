@@ -35,6 +35,22 @@ NOTIFICATIONS_DDL = """CREATE OR REPLACE TABLE findings_notifications (
   tenant_id VARCHAR, role VARCHAR, responses BIGINT, first_at TIMESTAMPTZ,
   last_at TIMESTAMPTZ, confidence VARCHAR)"""
 
+# Attribution confidences, best first: the one order for notifications and notices alike.
+CONFIDENCE_ORDER = ("exact", "high", "medium", "low", "very_low")
+
+
+def best_confidence(confidences: list[str]) -> str:
+    """The most certain of several attribution confidences.
+
+    >>> best_confidence(["very_low", "medium", "low"])
+    'medium'
+    """
+    return min(
+        confidences,
+        key=lambda c: CONFIDENCE_ORDER.index(c) if c in CONFIDENCE_ORDER else len(CONFIDENCE_ORDER),
+    )
+
+
 # Best first. Recipients rank by verdict, sources by how exact the attribution was.
 _RECIPIENT_SQL = """
 SELECT tenant_id, 'recipient' AS role, count(DISTINCT request_id) AS responses,
@@ -53,10 +69,7 @@ WITH notified AS (
 SELECT e.source_tenant_id AS tenant_id, 'source' AS role,
        count(DISTINCT e.recipient_request_id) AS responses,
        min(n.received_at) AS first_at, max(n.received_at) AS last_at,
-       CASE min(CASE e.confidence WHEN 'exact' THEN 1 WHEN 'high' THEN 2 WHEN 'medium' THEN 3
-                                  WHEN 'low' THEN 4 ELSE 5 END)
-         WHEN 1 THEN 'exact' WHEN 2 THEN 'high' WHEN 3 THEN 'medium' WHEN 4 THEN 'low'
-         ELSE 'very_low' END AS confidence
+       $order[min(list_position($order, e.confidence))] AS confidence
 FROM findings_exposures e
 JOIN notified n ON n.request_id = e.recipient_request_id
 WHERE e.source_excluded_by IS NULL
@@ -166,7 +179,9 @@ def scope_case(con: duckdb.DuckDBPyConnection, case: Case | None = None) -> Scop
     require_findings(con)
     con.execute(NOTIFICATIONS_DDL)
     con.execute(f"INSERT INTO findings_notifications {_RECIPIENT_SQL}")
-    con.execute(f"INSERT INTO findings_notifications {_SOURCE_SQL}")
+    con.execute(
+        f"INSERT INTO findings_notifications {_SOURCE_SQL}", {"order": list(CONFIDENCE_ORDER)}
+    )
     rows = con.execute(
         "SELECT tenant_id, role, responses, first_at, last_at, confidence "
         "FROM findings_notifications ORDER BY tenant_id, role"

@@ -116,5 +116,16 @@ def test_source_confidence_is_the_best_attribution_in_full_order(tmp_path):
             " VALUES ('v', 'tv', $s, $t, 'temporal', 64, $c)",
             {"s": src, "t": tenant, "c": confidence},
         )
-    got = {n.tenant_id: n.confidence for n in scope_case(con).sources}
+    scope = scope_case(con)
+    got = {n.tenant_id: n.confidence for n in scope.sources}
     assert got == {"t1": "medium", "t2": "very_low", "t3": "low"}
+    # A notice ranks each of its own requests the same way.
+    from forensics.report.notices import notice_context
+
+    con.execute(
+        "INSERT INTO findings_exposures (recipient_request_id, recipient_tenant_id,"
+        " source_request_id, source_tenant_id, method, tokens, confidence)"
+        " VALUES ('v', 'tv', 's1', 't1', 'temporal', 64, 'very_low')"
+    )
+    rows = notice_context(con, scope_case(con), "t1")["source"]["requests"]
+    assert [(r["request_id"], r["confidence"]) for r in rows] == [("s1", "medium")]

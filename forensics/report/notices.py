@@ -13,6 +13,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from forensics.report.data import iso, utc
+from forensics.scope import best_confidence
 
 if TYPE_CHECKING:
     import duckdb
@@ -23,7 +24,6 @@ _UNSAFE = re.compile(r"[^a-z0-9_-]+")
 _MAX_SLUG = 48
 # Names some file systems refuse or treat specially, whatever the extension.
 _RESERVED = {"con", "prn", "aux", "nul", "com1", "com2", "com3", "lpt1", "lpt2", "lpt3"}
-_CONFIDENCE_RANK = {"exact": 0, "high": 1, "low": 2}
 
 
 def _hash8(tenant_id: str) -> str:
@@ -148,7 +148,7 @@ def notice_context(con: duckdb.DuckDBPyConnection, scope: Scope, tenant_id: str)
                     "read_by": r["read_by"],
                     "first_read_at": iso(r["first_read_at"]),
                     "last_read_at": iso(r["last_read_at"]),
-                    "confidence": min(r["confidences"], key=lambda c: _CONFIDENCE_RANK.get(c, 9)),
+                    "confidence": best_confidence(r["confidences"]),
                 }
                 for r in rows
             ],
