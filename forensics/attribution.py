@@ -62,9 +62,6 @@ class PagePool:
         self.writer = np.full(pages + 1, -1, dtype=np.int64)
         self.shortfalls = 0  # allocations the replayed pool could not satisfy in full
 
-    def available(self) -> int:
-        return len(self.free_pages) - self.pos + sum(len(r) for r in self.released)
-
     def _merge(self) -> None:
         np = self.np
         self.free_pages = np.sort(np.concatenate([self.free_pages[self.pos :], *self.released]))
