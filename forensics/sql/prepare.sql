@@ -86,4 +86,58 @@ FROM engine_legs l JOIN requests r ON l.bootstrap_room = r.bootstrap_room
 WHERE l.bootstrap_room IS NOT NULL
   AND l.request_id NOT IN (SELECT request_id FROM requests);
 
+-- The prefill limit in force for every request at or near one: the single lookup that over_pool
+-- and the exploitation assessment share. A request with no prefill node on its client record
+-- takes the node from its engine legs; a node no snapshot covers takes the limit implied by
+-- default_pool_tokens; with no node at all, the smallest limit in force on any node.
+-- `band` widens the cheap pre-filter below the smallest limit (0 for over_pool).
+CREATE OR REPLACE TEMP MACRO limits_in_force(band, default_limit, advertised_context) AS TABLE
+WITH floor AS (
+  SELECT least((SELECT min(threshold_tokens) FROM prefill_limits), default_limit) * (1 - band)
+           AS tokens
+),
+near AS (
+  SELECT r.* FROM scoped_requests r, floor f WHERE r.prompt_tokens >= f.tokens
+),
+placed AS (
+  SELECT client_request_id,
+         min(node) FILTER (WHERE role IN ('prefill', 'unified')) AS leg_prefill_node,
+         min(node) FILTER (WHERE role IN ('decode', 'unified')) AS leg_decode_node
+  FROM matched_legs
+  WHERE client_request_id IN (SELECT request_id FROM near)
+  GROUP BY client_request_id
+),
+located AS (
+  SELECT n.* REPLACE (coalesce(n.prefill_node, p.leg_prefill_node) AS prefill_node,
+                      coalesce(n.decode_node, p.leg_decode_node) AS decode_node)
+  FROM near n LEFT JOIN placed p ON p.client_request_id = n.request_id
+),
+with_node AS (
+  SELECT c.*, l.threshold_tokens AS node_threshold, l.context_length AS node_context,
+         l.source_table AS limit_table, l.evidence_id AS limit_evidence_id,
+         l.source_row AS limit_source_row
+  FROM located c
+  ASOF LEFT JOIN prefill_limits l
+    ON c.prefill_node = l.node AND c.received_at >= l.observed_at
+),
+with_any AS (
+  SELECT w.*, a.threshold_tokens AS any_threshold, a.context_length AS any_context
+  FROM with_node w
+  ASOF LEFT JOIN prefill_limits_any a ON w.received_at >= a.observed_at
+)
+SELECT *,
+  CASE
+    WHEN node_threshold IS NOT NULL THEN node_threshold
+    WHEN prefill_node IS NOT NULL AND default_limit IS NOT NULL THEN default_limit
+    ELSE coalesce(any_threshold, default_limit)
+  END AS threshold_tokens,
+  CASE
+    WHEN node_threshold IS NOT NULL THEN limit_table
+    WHEN prefill_node IS NOT NULL AND default_limit IS NOT NULL THEN 'default_pool_tokens'
+    WHEN any_threshold IS NOT NULL THEN 'smallest prefill limit in force (node unknown)'
+    ELSE 'default_pool_tokens'
+  END AS threshold_source,
+  coalesce(node_context, advertised_context, any_context) AS context_ceiling
+FROM with_any;
+
 CREATE OR REPLACE TEMP TABLE detect_flagged (request_id VARCHAR);
