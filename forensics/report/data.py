@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from forensics.report.redact import Redactor
+from forensics.scope import NOTIFIED_VERDICTS
 
 if TYPE_CHECKING:
     import duckdb
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     from forensics.case import Case
 
 VERDICT_ORDER = {"confirmed": 0, "likely": 1, "possible": 2}
-NOTIFIED = ("confirmed", "likely")
+NOTIFIED = NOTIFIED_VERDICTS  # the verdicts that count as affected, as scoping defines them
 
 
 def utc(value: Any) -> datetime | None:
