@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from forensics.verdicts import CONFIDENCE_ORDER, NOTIFIED_VERDICTS, sql_list
+
 if TYPE_CHECKING:
     import duckdb
     import numpy as np
@@ -34,6 +36,23 @@ SQL_DIR = Path(__file__).resolve().parent / "sql"
 class AttributionResult:
     methods: dict[str, int] = field(default_factory=dict)  # method -> exposures written
     warnings: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass
+class VictimStatus:
+    """How completely a page-level method accounted for what one affected response read.
+
+    Attributes:
+        drifted: the replayed pool had already disagreed with the logs before this victim took
+            its pages (an allocation that did not fit, or one whose size was a guess because
+            its leg has no client record), or this victim's own allocation did not fit: page
+            choice, and so the named writers, may be off.
+        unknown_pages: stale pages the victim read whose last writer is not in the replayed
+            history (written before the logs begin, or never written).
+    """
+
+    drifted: bool = False
+    unknown_pages: int = 0
 
 
 class PagePool:
@@ -61,6 +80,7 @@ class PagePool:
         self.held: dict[Any, np.ndarray] = {}
         self.writer = np.full(pages + 1, -1, dtype=np.int64)
         self.shortfalls = 0  # allocations the replayed pool could not satisfy in full
+        self.guesses = 0  # allocations whose size was estimated (no client record)
 
     def _merge(self) -> None:
         np = self.np
@@ -128,23 +148,31 @@ def stale_read(
 
 
 def attribute(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) -> AttributionResult:
-    """Fill findings_exposures for every confirmed or likely affected response."""
+    """Fill findings_exposures and findings_attribution for every notified affected response.
+
+    Each decode rank gets the best page-level method its evidence allows. Temporal candidates
+    are added only where that method cannot account for what a victim read: no page-level
+    method for the rank, or a replay that had drifted from the logs by the time the victim
+    took its pages. A drifted replay's own exposures drop one confidence step.
+    """
     from forensics.detect import run_sql_file
     from forensics.schema import FINDINGS_DDL
 
     con.execute(FINDINGS_DDL["findings_exposures"])
+    con.execute(FINDINGS_DDL["findings_attribution"])
     run_sql_file(con, SQL_DIR / "timeline.sql")
     result = AttributionResult()
     victims = con.execute(
-        """SELECT a.request_id, a.tenant_id, t.node, t.dp_rank, t.alloc_at, t.source_table,
+        f"""SELECT a.request_id, a.tenant_id, t.node, t.dp_rank, t.alloc_at, t.source_table,
                   t.prompt_tokens, t.completion_tokens, a.decode_node
            FROM findings_affected a
            LEFT JOIN decode_timeline t ON t.request_id = a.request_id
-           WHERE a.verdict IN ('confirmed', 'likely')
+           WHERE a.verdict IN {sql_list(NOTIFIED_VERDICTS)}
            ORDER BY a.request_id"""
     ).fetchall()
     if not victims:
         return result
+    statuses: list[tuple] = []
     no_node = [v for v in victims if v[2] is None and v[8] is None]
     if no_node:
         result.warnings.append(
@@ -154,6 +182,9 @@ def attribute(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) -> Attribu
                 " attributed (no exposure rows for them).",
             )
         )
+        statuses += [
+            (v[0], None, None, None, "none", 0, "no decode node recorded") for v in no_node
+        ]
     groups: dict[tuple, list] = {}
     for v in victims:
         node = v[2] or v[8]
@@ -161,26 +192,51 @@ def attribute(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) -> Attribu
             groups.setdefault((node, v[3]), []).append(v)
 
     rows: list[tuple] = []
-    temporal_victims: list[str] = []
+    temporal_victims: list[str] = []  # no page-level method: every candidate tier
+    drifted_victims: list[str] = []  # a replay that drifted: recent releases only
     for (node, rank), members in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1] or -1)):
         method, why = _choose_method(con, node, rank, members)
         if method == "temporal":
             temporal_victims += [m[0] for m in members]
             if why:
                 result.warnings.append(("temporal_fallback", f"{node} rank {rank}: {why}"))
+            statuses += [(m[0], node, rank, "temporal", "candidates", 0, why) for m in members]
             continue
-        replayed, warning = _replay(con, node, rank, members, method)
+        replayed, per_victim, warning = _replay(con, node, rank, members, method)
         rows += replayed
         if warning:
             result.warnings.append(("replay_drift", f"{node} rank {rank}: {warning}"))
-        if warning or any(m[5] != "engine_legs" for m in members):
-            # An approximate replay (client times only, or a pool that drifted) may miss a
-            # writer: add the temporal candidates of any tenant it did not name.
-            temporal_victims += [m[0] for m in members]
+        for m in members:
+            st = per_victim.get(m[0])
+            if st is None:
+                statuses.append(
+                    (m[0], node, rank, method, "none", 0, "no allocation found in the replay")
+                )
+                temporal_victims.append(m[0])
+            elif st.drifted:
+                # The pool had drifted: page choice may be off, so tenants named only by
+                # proximity in time are added as candidates for review.
+                statuses.append(
+                    (m[0], node, rank, method, "approximate", st.unknown_pages, warning)
+                )
+                drifted_victims.append(m[0])
+            else:
+                note = (
+                    f"{st.unknown_pages:,} stale pages were last written before the replayed"
+                    " history begins (or never): their writer is not in these logs"
+                    if st.unknown_pages
+                    else None
+                )
+                status = "partial" if st.unknown_pages else "complete"
+                statuses.append((m[0], node, rank, method, status, st.unknown_pages, note))
     if rows:
         _insert_exposures(con, rows)
     if temporal_victims:
-        _temporal(con, temporal_victims, params)
+        _temporal(con, temporal_victims, params, include_older=True)
+    if drifted_victims:
+        _temporal(con, drifted_victims, params, include_older=False)
+    if statuses:
+        _insert_statuses(con, statuses)
     _mark_excluded(con)
     result.methods = dict(
         con.execute(
@@ -212,8 +268,10 @@ def _choose_method(con, node: str, rank, members: list) -> tuple[str, str | None
 _GROUP = "node = $node AND (dp_rank = $rank OR ($rank IS NULL AND dp_rank IS NULL))"
 
 
-def _replay(con, node: str, rank, members: list, method: str) -> tuple[list[tuple], str | None]:
-    """Replay one decode rank's pool and return exposure rows for its victims.
+def _replay(
+    con, node: str, rank, members: list, method: str
+) -> tuple[list[tuple], dict[str, VictimStatus], str | None]:
+    """Replay one decode rank's pool; return exposure rows, each victim's status, a warning.
 
     DuckDB builds and orders the event list (pool starts, frees, allocations); Python only walks
     it, so the cost is one pass over the rank's requests.
@@ -228,7 +286,8 @@ def _replay(con, node: str, rank, members: list, method: str) -> tuple[list[tupl
         args,
     )
     timeline = con.execute(
-        """SELECT request_id, tenant_id, prompt_tokens, completion_tokens, source_table, free_at
+        """SELECT request_id, tenant_id, prompt_tokens, completion_tokens, source_table, free_at,
+                  client_record
            FROM replay_rows ORDER BY idx"""
     ).fetchall()
     # Events in engine order: at one instant a pool (re)start first, then frees, then
@@ -259,14 +318,16 @@ def _replay(con, node: str, rank, members: list, method: str) -> tuple[list[tupl
     ).fetchall()
 
     victims = {m[0]: m for m in members}
+    statuses: dict[str, VictimStatus] = {}
     pool: PagePool | None = None
     page_size = 1
     exposures: list[tuple] = []
-    shortfalls = 0
+    shortfalls = guesses = 0
     for kind, rid, i, pool_tokens, new_page_size, firsts, counts in events:
         if kind == 0:
             if pool is not None:
                 shortfalls += pool.shortfalls
+                guesses += pool.guesses
             page_size = new_page_size
             pool = PagePool(pool_tokens // page_size)
             continue
@@ -275,6 +336,7 @@ def _replay(con, node: str, rank, members: list, method: str) -> tuple[list[tupl
         if kind == 1:
             pool.free(rid)
             continue
+        drifted_before = bool(pool.shortfalls or pool.guesses)
         if firsts is not None:
             pages = pool.take(
                 rid,
@@ -287,13 +349,26 @@ def _replay(con, node: str, rank, members: list, method: str) -> tuple[list[tupl
             )
         elif i is not None:
             row = timeline[i]
+            short_before = pool.shortfalls
             pages = pool.alloc(rid, _ceil_div(row[2] + row[3], page_size))
+            if not row[6]:
+                # No client record: its generated tokens, and so its allocation size, are a
+                # guess; every later page choice on this pool may be shifted by it.
+                pool.guesses += 1
+            own_short = pool.shortfalls > short_before
         else:
             continue
         if i is None:
             continue  # an allocation with no request record: its pages keep their writers
         if rid in victims:
             row = timeline[i]
+            drifted = method != "allocation_log" and (drifted_before or own_short)
+            status = VictimStatus(
+                drifted=drifted,
+                unknown_pages=unknown_stale_pages(pool, pages, row[2], page_size),
+            )
+            statuses[rid] = status
+            confidence = _confidence(method, row[4], drifted)
             for writer, n in stale_read(pool, pages, i, row[2], row[3], page_size).items():
                 src = timeline[writer]
                 exposures.append(
@@ -304,7 +379,7 @@ def _replay(con, node: str, rank, members: list, method: str) -> tuple[list[tupl
                         src[1],
                         method,
                         n * page_size,
-                        _confidence(method, row[4]),
+                        confidence,
                         None,
                         src[5],
                     )
@@ -313,6 +388,7 @@ def _replay(con, node: str, rank, members: list, method: str) -> tuple[list[tupl
             pool.writer[pages] = i
     if pool is not None:
         shortfalls += pool.shortfalls
+        guesses += pool.guesses
     warning = None
     if shortfalls:
         warning = (
@@ -320,16 +396,27 @@ def _replay(con, node: str, rank, members: list, method: str) -> tuple[list[tupl
             " incomplete or the pool was not empty when they begin, so sources are"
             " approximate"
         )
-    unknown = sum(1 for row in timeline if row[1] is None)
-    if unknown:
+    if guesses:
         # Without the client record a leg's generated tokens are unknown, so its allocation
         # size is a guess and every later allocation on the rank may be shifted.
         warning = (
-            f"{unknown} decode legs have no client record (tenant and generated tokens"
+            f"{guesses} decode legs have no client record (tenant and generated tokens"
             " unknown), so the replayed pool is approximate" + (f"; {warning}" if warning else "")
         )
     exposures.sort(key=lambda e: (e[0], -e[5], e[2]))
-    return exposures, warning
+    return exposures, statuses, warning
+
+
+def unknown_stale_pages(pool: PagePool, pages: np.ndarray, prompt_tokens: int, page_size: int):
+    """How many of a victim's stale pages have no known writer (call before ``stale_read``).
+
+    >>> pool = PagePool(pages=4)
+    >>> pool.writer[2] = 7
+    >>> unknown_stale_pages(pool, pool.alloc("v", 4), 16, 4)  # pages 2-4 stale, 2 unwritten
+    2
+    """
+    stale = pages[1 : _ceil_div(max(prompt_tokens, 1), page_size)]
+    return int((pool.writer[stale] < 0).sum())
 
 
 def _insert_exposures(con, rows: list[tuple]) -> None:
@@ -357,13 +444,34 @@ def _insert_exposures(con, rows: list[tuple]) -> None:
     )
 
 
-def _confidence(method: str, source_table: str) -> str:
+def _confidence(method: str, source_table: str, drifted: bool = False) -> str:
+    """Confidence of a page-level exposure; a drifted replay drops one step.
+
+    >>> _confidence("allocator_replay", "engine_legs"), _confidence("allocator_replay",
+    ...     "requests", drifted=True)
+    ('high', 'low')
+    """
     if method == "allocation_log":
         return "exact"
-    return "high" if source_table == "engine_legs" else "medium"
+    base = "high" if source_table == "engine_legs" else "medium"
+    if drifted:
+        return CONFIDENCE_ORDER[CONFIDENCE_ORDER.index(base) + 1]
+    return base
 
 
-def _temporal(con, victims: list[str], params: dict[str, Any]) -> None:
+def _insert_statuses(con, rows: list[tuple]) -> None:
+    import pyarrow as pa
+
+    names = ["recipient_request_id", "node", "dp_rank", "method", "status", "unknown_pages", "note"]
+    status_rows = pa.table({n: [r[i] for r in rows] for i, n in enumerate(names)})  # noqa: F841
+    con.execute(
+        """INSERT INTO findings_attribution
+           SELECT recipient_request_id, node, dp_rank::BIGINT, method, status,
+                  unknown_pages::BIGINT, note FROM status_rows"""
+    )
+
+
+def _temporal(con, victims: list[str], params: dict[str, Any], *, include_older: bool) -> None:
     """Rank the requests whose KV may have been left in the pages a victim read.
 
     Without the pool, the allocator cannot be replayed and a stale page may have been written
@@ -374,11 +482,19 @@ def _temporal(con, victims: list[str], params: dict[str, Any]) -> None:
     - every request released within the overlap window, newest first (confidence ``low``);
     - beyond the window, each other tenant's latest release, newest first (``very_low``), so
       no tenant that could have been read is left out (source-tenant recall stays whole).
+      Only where no replay exists (``include_older``): a drifted replay still named most
+      writers, so its plausible misses are the recent releases.
     """
     from forensics.detect import run_sql_file
 
     run_sql_file(
-        con, SQL_DIR / "temporal.sql", {"victims": victims, "window_s": params["overlap_window_s"]}
+        con,
+        SQL_DIR / "temporal.sql",
+        {
+            "victims": victims,
+            "window_s": params["overlap_window_s"],
+            "include_older": include_older,
+        },
     )
 
 

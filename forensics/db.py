@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from forensics.schema import all_ddl
+from forensics.verdicts import vocabulary_macros
 
 if TYPE_CHECKING:
     import duckdb
@@ -30,6 +31,8 @@ def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnect
     if not read_only:
         for stmt in all_ddl():
             con.execute(stmt)
+    for macro in vocabulary_macros():
+        con.execute(macro)
     return con
 
 

@@ -261,7 +261,7 @@ def detect_case(con: duckdb.DuckDBPyConnection, case: Case) -> DetectSummary:
     Signals and verdicts, exclusion marks, source attribution, the exploitation assessment and
     log coverage. Findings are replaced whole, so they always match the evidence loaded now.
     """
-    from forensics import attribution, coverage, exclusions, exploitation
+    from forensics import attribution, basis, coverage, exclusions, exploitation
     from forensics.schema import FINDINGS_DDL
 
     for ddl in FINDINGS_DDL.values():
@@ -274,7 +274,13 @@ def detect_case(con: duckdb.DuckDBPyConnection, case: Case) -> DetectSummary:
     exclusions.mark_exclusions(con, case.exclusions)
     attributed = attribution.attribute(con, params)
     warnings += attributed.warnings
-    exploitation.assess(con, params)
+    unknown = con.execute(
+        "SELECT count(*) FROM findings_affected"
+        " WHERE notified_verdict(verdict) AND tenant_id IS NULL AND excluded_by IS NULL"
+    ).fetchone()[0]
+    evidence = basis.evidence_basis(con, unknown)
+    basis.record_basis(con, evidence)
+    exploitation.assess(con, params, evidence)
     coverage.assess(con, params)
     for code, message in warnings:
         con.execute("INSERT INTO findings_warnings VALUES ($c, $m)", {"c": code, "m": message})
@@ -309,7 +315,22 @@ def evidence_warnings(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) ->
     }
     out = []
     if count["requests"] == 0:
-        out.append(("no_requests", "No client requests are loaded: nothing can be judged."))
+        if count["engine_legs"] == 0:
+            out.append(
+                (
+                    "no_requests",
+                    "Neither client requests nor engine legs are loaded: nothing can be judged.",
+                )
+            )
+        else:
+            out.append(
+                (
+                    "no_requests",
+                    "No client requests are loaded: affected responses come from engine"
+                    " records alone, their tenants are unknown unless the legs carry a tenant"
+                    " label, and over_pool, latency and exploitation cannot be judged.",
+                )
+            )
     if count["pool_snapshots"] == 0:
         if params.get("default_threshold_tokens") is None:
             out.append(

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from forensics.verdicts import NOTIFIED_VERDICTS
+
 if TYPE_CHECKING:
     import duckdb
 
@@ -57,6 +59,11 @@ class Evaluation:
     source_pairs: Score  # (recipient request, source tenant) pairs
     source_tenants: Score  # the set of tenants whose data leaked
     methods: dict[str, int]
+    # Scoping, when findings_notifications exists: tenants told their data was read, against
+    # the customers whose data truly went to another tenant; and notified plus review
+    # candidates together (what a responder sees at all).
+    notified_sources: Score | None = None
+    candidate_sources: Score | None = None
 
     def lines(self) -> list[str]:
         return [
@@ -66,6 +73,8 @@ class Evaluation:
             f"source tenants per response: {self.source_pairs}",
             f"source tenants overall: {self.source_tenants}",
             f"attribution methods: {self.methods}",
+            f"notified source tenants: {self.notified_sources}",
+            f"notified + review source tenants: {self.candidate_sources}",
         ]
 
 
@@ -79,14 +88,14 @@ def evaluate(con: duckdb.DuckDBPyConnection, truth_dir: Path) -> Evaluation:
     truth_affected = {r["request_id"]: r for r in _read(truth_dir / "affected.csv")}
     truth_exposures = _read(truth_dir / "exposures.csv")
     verdicts = dict(con.execute("SELECT request_id, verdict FROM findings_affected").fetchall())
-    notified = {rid for rid, v in verdicts.items() if v in ("confirmed", "likely")}
+    notified = {rid for rid, v in verdicts.items() if v in NOTIFIED_VERDICTS}
     possible_unaffected = sum(
         1 for rid, v in verdicts.items() if v == "possible" and rid not in truth_affected
     )
     found_excl = dict(
         con.execute(
             "SELECT request_id, coalesce(excluded_by, '') FROM findings_affected"
-            " WHERE verdict IN ('confirmed', 'likely')"
+            " WHERE notified_verdict(verdict)"
         ).fetchall()
     )
     mismatches = [
@@ -103,6 +112,38 @@ def evaluate(con: duckdb.DuckDBPyConnection, truth_dir: Path) -> Evaluation:
     methods = dict(
         con.execute("SELECT method, count(*) FROM findings_exposures GROUP BY method").fetchall()
     )
+    told_score = listed_score = None
+    tables = {
+        r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()
+    }
+    if {"findings_notifications", "findings_review"} <= tables:
+        # Customers whose data truly reached another tenant: cross-tenant pairs whose source
+        # tenant is not excluded traffic (exclusions themselves are checked exactly above).
+        excluded = {
+            r[0] for r in con.execute("SELECT DISTINCT tenant_id FROM findings_excluded").fetchall()
+        }
+        recipient_tenant = {rid: r["tenant_id"] for rid, r in truth_affected.items()}
+        truth_sources = {
+            r["source_tenant_id"]
+            for r in truth_exposures
+            if r["source_tenant_id"] != recipient_tenant.get(r["recipient_request_id"])
+            and r["source_tenant_id"] not in excluded
+        }
+        told = {
+            r[0]
+            for r in con.execute(
+                "SELECT tenant_id FROM findings_notifications WHERE role = 'source'"
+            ).fetchall()
+        }
+        listed = {
+            r[0]
+            for r in con.execute(
+                "SELECT tenant_id FROM findings_review WHERE role = 'source'"
+                " AND tenant_id IS NOT NULL"
+            ).fetchall()
+        }
+        told_score = score(told, truth_sources)
+        listed_score = score(told | listed, truth_sources)
     return Evaluation(
         affected=score(notified, set(truth_affected)),
         possible_unaffected=possible_unaffected,
@@ -111,4 +152,6 @@ def evaluate(con: duckdb.DuckDBPyConnection, truth_dir: Path) -> Evaluation:
         source_pairs=score(found_pairs, true_pairs),
         source_tenants=score({p[1] for p in found_pairs}, {p[1] for p in true_pairs}),
         methods=methods,
+        notified_sources=told_score,
+        candidate_sources=listed_score,
     )

@@ -103,7 +103,7 @@ def mark_exclusions(con: duckdb.DuckDBPyConnection, rules: tuple[Exclusion, ...]
             where += " AND " + " AND ".join(window)
         con.execute(
             "INSERT INTO findings_excluded SELECT request_id, tenant_id, $name "
-            f"FROM requests WHERE {where}",
+            f"FROM all_requests WHERE {where}",
             args,
         )
         con.execute(
@@ -111,7 +111,7 @@ def mark_exclusions(con: duckdb.DuckDBPyConnection, rules: tuple[Exclusion, ...]
                SELECT $name, $reason, $rule, count(*),
                       count(*) FILTER (WHERE request_id IN (
                           SELECT request_id FROM findings_affected
-                          WHERE verdict IN ('confirmed', 'likely'))),
+                          WHERE notified_verdict(verdict))),
                       count(DISTINCT tenant_id), $ordinal
                FROM findings_excluded WHERE exclusion = $name""",
             {"name": ex.name, "reason": ex.reason, "rule": describe_rule(ex), "ordinal": ordinal},

@@ -183,6 +183,13 @@ FINDINGS_DDL = {
   source_tenant_id VARCHAR, method VARCHAR, tokens BIGINT, confidence VARCHAR,
   rank INTEGER, source_released_at TIMESTAMPTZ, recipient_excluded_by VARCHAR,
   source_excluded_by VARCHAR)""",
+    # Per notified affected response: how completely its sources are known. status: complete
+    # (every stale page's writer named), partial (some pages' writers precede the logs),
+    # approximate (the replay had drifted: candidates added), candidates (temporal only),
+    # none (no decode node or allocation found).
+    "findings_attribution": """CREATE OR REPLACE TABLE findings_attribution (
+  recipient_request_id VARCHAR, node VARCHAR, dp_rank BIGINT, method VARCHAR, status VARCHAR,
+  unknown_pages BIGINT, note VARCHAR)""",
     # Per request: which exclusion rules matched it (a request may match several).
     "findings_excluded": """CREATE OR REPLACE TABLE findings_excluded (
   request_id VARCHAR, tenant_id VARCHAR, exclusion VARCHAR)""",

@@ -1,18 +1,25 @@
 """Notification scoping: who has to be told what, computed from the findings tables.
 
-Two roles (DESIGN.md sections 6 and 7):
+The decision is explicit and has two outcomes: **notify** or **review**.
 
-* **recipient** - a tenant that received foreign data: it has confirmed or likely affected
-  responses that no exclusion matched. ``possible`` verdicts are not notified; they stay in
-  ``affected_responses.csv`` and in the report as needing review.
-* **source** - a tenant whose requests were read by a confirmed or likely affected response.
-  This includes responses that went to an excluded recipient (a customer whose data reached the
+Notified, in two roles:
+
+* **recipient** - a tenant with confirmed or likely affected responses that no exclusion
+  matched. ``possible`` verdicts are not notified.
+* **source** - a tenant whose requests page-level evidence (allocation log or allocator replay,
+  at confidence exact, high or medium) shows were read by a confirmed or likely response. This
+  includes responses that went to an excluded recipient (a customer whose data reached the
   researcher is still told), but not exposures whose *source* request is itself excluded: that
   is our own or the researcher's data. A response reading its own tenant's earlier request is
   not a cross-tenant exposure and notifies nobody.
 
-The result is also written to ``findings_notifications`` so the report and the CSV read one
-source.
+Review, each row with its reason: tenants named only as candidates (temporal proximity, or a
+replay that had drifted), tenants with ``possible`` verdicts only, and affected responses or
+sources whose tenant the logs do not name. A candidate is never told its data leaked; a
+responder decides.
+
+Both lists are written to ``findings_notifications`` and ``findings_review`` so the report, the
+CSVs and the notices read one source.
 """
 
 from __future__ import annotations
@@ -28,54 +35,111 @@ if TYPE_CHECKING:
 
     from forensics.case import Case
 
-NOTIFIED_VERDICTS = ("confirmed", "likely")
-ROLES = ("recipient", "source")
-
 NOTIFICATIONS_DDL = """CREATE OR REPLACE TABLE findings_notifications (
   tenant_id VARCHAR, role VARCHAR, responses BIGINT, first_at TIMESTAMPTZ,
   last_at TIMESTAMPTZ, confidence VARCHAR)"""
 
-# Attribution confidences, best first: the one order for notifications and notices alike.
-CONFIDENCE_ORDER = ("exact", "high", "medium", "low", "very_low")
+REVIEW_DDL = """CREATE OR REPLACE TABLE findings_review (
+  tenant_id VARCHAR, role VARCHAR, responses BIGINT, first_at TIMESTAMPTZ,
+  last_at TIMESTAMPTZ, confidence VARCHAR, reason VARCHAR, evidence VARCHAR)"""
 
-
-def best_confidence(confidences: list[str]) -> str:
-    """The most certain of several attribution confidences.
-
-    >>> best_confidence(["very_low", "medium", "low"])
-    'medium'
-    """
-    return min(
-        confidences,
-        key=lambda c: CONFIDENCE_ORDER.index(c) if c in CONFIDENCE_ORDER else len(CONFIDENCE_ORDER),
-    )
-
-
-# Best first. Recipients rank by verdict, sources by how exact the attribution was.
+# Recipients: tenants with a notified verdict, excluded traffic and unknown tenants left out.
 _RECIPIENT_SQL = """
 SELECT tenant_id, 'recipient' AS role, count(DISTINCT request_id) AS responses,
        min(received_at) AS first_at, max(received_at) AS last_at,
        CASE WHEN bool_or(verdict = 'confirmed') THEN 'confirmed' ELSE 'likely' END AS confidence
 FROM findings_affected
-WHERE verdict IN ('confirmed', 'likely') AND excluded_by IS NULL
+WHERE notified_verdict(verdict) AND excluded_by IS NULL AND tenant_id IS NOT NULL
 GROUP BY tenant_id
 """
 
-_SOURCE_SQL = """
+# Every cross-tenant read of a notified response whose source is not excluded traffic.
+_READS_SQL = """
+CREATE OR REPLACE TEMP TABLE scope_reads AS
 WITH notified AS (
-  SELECT DISTINCT request_id, received_at FROM findings_affected
-  WHERE verdict IN ('confirmed', 'likely')
+  SELECT request_id, min(received_at) AS received_at FROM findings_affected
+  WHERE notified_verdict(verdict) GROUP BY request_id
 )
-SELECT e.source_tenant_id AS tenant_id, 'source' AS role,
-       count(DISTINCT e.recipient_request_id) AS responses,
-       min(n.received_at) AS first_at, max(n.received_at) AS last_at,
-       $order[min(list_position($order, e.confidence))] AS confidence
+SELECT e.source_tenant_id AS tenant_id, e.recipient_request_id, n.received_at, e.method,
+       e.confidence, confidence_rank(e.confidence) AS confidence_rank,
+       a.decode_node, a.dp_rank
 FROM findings_exposures e
 JOIN notified n ON n.request_id = e.recipient_request_id
+LEFT JOIN (SELECT request_id, any_value(decode_node) AS decode_node,
+                  any_value(dp_rank) AS dp_rank
+           FROM findings_affected GROUP BY request_id) a
+  ON a.request_id = e.recipient_request_id
 WHERE e.source_excluded_by IS NULL
-  AND e.source_tenant_id IS NOT NULL
-  AND e.source_tenant_id IS DISTINCT FROM e.recipient_tenant_id
-GROUP BY e.source_tenant_id
+  -- A read of one's own earlier request is not cross-tenant; an unknown tenant on either side
+  -- may be another tenant, so it stays.
+  AND (e.source_tenant_id IS NULL OR e.recipient_tenant_id IS NULL
+       OR e.source_tenant_id <> e.recipient_tenant_id)
+"""
+
+# Sources: tenants whose data page-level evidence shows was read, at a notified confidence.
+_SOURCE_SQL = """
+SELECT tenant_id, 'source' AS role, count(DISTINCT recipient_request_id) AS responses,
+       min(received_at) AS first_at, max(received_at) AS last_at,
+       confidence_at(min(confidence_rank)) AS confidence
+FROM scope_reads
+WHERE tenant_id IS NOT NULL AND notified_confidence(confidence)
+GROUP BY tenant_id
+"""
+
+# Candidates: what is not notified but must not be dropped. Each row says why it is here.
+_REVIEW_SQL = """
+WITH candidate_sources AS (
+  SELECT tenant_id, count(DISTINCT recipient_request_id) AS responses,
+         min(received_at) AS first_at, max(received_at) AS last_at,
+         confidence_at(min(confidence_rank)) AS confidence,
+         string_agg(DISTINCT method, ', ' ORDER BY method) AS methods,
+         string_agg(DISTINCT decode_node, ', ' ORDER BY decode_node) AS nodes
+  FROM scope_reads
+  WHERE tenant_id IS NOT NULL
+    AND tenant_id NOT IN (SELECT tenant_id FROM findings_notifications WHERE role = 'source')
+  GROUP BY tenant_id
+),
+possible_only AS (
+  SELECT tenant_id, count(*) AS responses, min(received_at) AS first_at,
+         max(received_at) AS last_at,
+         string_agg(DISTINCT signals, '; ' ORDER BY signals) AS signals
+  FROM findings_affected
+  WHERE verdict = 'possible' AND excluded_by IS NULL AND tenant_id IS NOT NULL
+    AND tenant_id NOT IN (SELECT tenant_id FROM findings_notifications WHERE role = 'recipient')
+  GROUP BY tenant_id
+),
+unknown_recipients AS (
+  SELECT count(*) AS responses, min(received_at) AS first_at, max(received_at) AS last_at
+  FROM findings_affected
+  WHERE notified_verdict(verdict) AND tenant_id IS NULL AND excluded_by IS NULL
+),
+unknown_sources AS (
+  SELECT count(DISTINCT recipient_request_id) AS responses, min(received_at) AS first_at,
+         max(received_at) AS last_at, confidence_at(min(confidence_rank)) AS confidence
+  FROM scope_reads WHERE tenant_id IS NULL AND notified_confidence(confidence)
+)
+SELECT tenant_id, 'source', responses, first_at, last_at, confidence,
+       'candidate only: named by ' || methods || ' at confidence ' || confidence
+         || ', never by page-level evidence at a notified confidence',
+       format('{} response(s) on {} may have read its data', responses, nodes)
+FROM candidate_sources
+UNION ALL
+SELECT tenant_id, 'recipient', responses, first_at, last_at, 'possible',
+       'only possible verdicts: a weak signal alone, or one the engine''s own logs contradict',
+       'signals: ' || signals
+FROM possible_only
+UNION ALL
+SELECT NULL, 'recipient', responses, first_at, last_at, NULL,
+       'tenant unknown: affected responses found in engine logs without a client record',
+       format('{} response(s); map their request ids to tenants through the gateway logs',
+              responses)
+FROM unknown_recipients WHERE responses > 0
+UNION ALL
+SELECT NULL, 'source', responses, first_at, last_at, confidence,
+       'tenant unknown: stale pages last written by engine requests without a client record',
+       format('{} response(s) read such pages; the source request ids are in exposures.csv',
+              responses)
+FROM unknown_sources WHERE responses > 0
 """
 
 
@@ -103,6 +167,31 @@ class Notification:
 
 
 @dataclass(frozen=True)
+class ReviewItem:
+    """A tenant (or an unknown one) that is a candidate, not notified, and why.
+
+    Attributes:
+        tenant_id: the tenant, or None when the logs do not name it.
+        role: ``recipient`` or ``source``.
+        responses: the affected responses concerned.
+        first_at: earliest of those responses (UTC).
+        last_at: latest of those responses (UTC).
+        confidence: best attribution confidence (sources) or ``possible`` (recipients).
+        reason: why it is a candidate and not notified.
+        evidence: what the candidacy rests on.
+    """
+
+    tenant_id: str | None
+    role: str
+    responses: int
+    first_at: datetime | None
+    last_at: datetime | None
+    confidence: str | None
+    reason: str
+    evidence: str
+
+
+@dataclass(frozen=True)
 class Scope:
     """Who is notified, in a stable order (tenant id, then role).
 
@@ -111,6 +200,7 @@ class Scope:
     """
 
     notifications: tuple[Notification, ...]
+    review: tuple[ReviewItem, ...] = ()
 
     @property
     def recipients(self) -> tuple[Notification, ...]:
@@ -151,7 +241,8 @@ def require_findings(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def scope_case(con: duckdb.DuckDBPyConnection, case: Case | None = None) -> Scope:
-    """Compute who is notified and write ``findings_notifications``.
+    """Compute who is notified and who is reviewed; write ``findings_notifications`` and
+    ``findings_review``.
 
     Args:
         con: the case database, with findings written by detection.
@@ -178,12 +269,16 @@ def scope_case(con: duckdb.DuckDBPyConnection, case: Case | None = None) -> Scop
     del case  # scoping depends on findings only
     require_findings(con)
     con.execute(NOTIFICATIONS_DDL)
+    con.execute(REVIEW_DDL)
+    con.execute(_READS_SQL)
     con.execute(f"INSERT INTO findings_notifications {_RECIPIENT_SQL}")
-    con.execute(
-        f"INSERT INTO findings_notifications {_SOURCE_SQL}", {"order": list(CONFIDENCE_ORDER)}
-    )
+    con.execute(f"INSERT INTO findings_notifications {_SOURCE_SQL}")
+    con.execute(f"INSERT INTO findings_review {_REVIEW_SQL}")
     rows = con.execute(
         "SELECT tenant_id, role, responses, first_at, last_at, confidence "
         "FROM findings_notifications ORDER BY tenant_id, role"
     ).fetchall()
-    return Scope(tuple(Notification(*r) for r in rows))
+    review = con.execute(
+        "SELECT * FROM findings_review ORDER BY tenant_id NULLS FIRST, role"
+    ).fetchall()
+    return Scope(tuple(Notification(*r) for r in rows), tuple(ReviewItem(*r) for r in review))

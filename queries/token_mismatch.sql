@@ -1,4 +1,5 @@
--- token_mismatch: an engine leg held far fewer tokens than the client was told it sent.
+-- token_mismatch: an engine leg held far fewer tokens than the client was told it sent (or, with
+-- no client record, than its decode leg reserved), and the request was answered.
 -- Prefill: tokens held (or sent) well below the client's prompt_tokens. Decode: KV tokens
 -- received well below the tokens it reserved for the prompt.
 WITH legs AS (
@@ -9,11 +10,12 @@ WITH legs AS (
   FROM matched_legs l
 ),
 compared AS (
-  SELECT r.request_id, r.http_status, r.evidence_id AS r_eid, r.source_row AS r_row, g.*,
+  SELECT r.request_id, r.http_status, r.record_table, r.evidence_id AS r_eid,
+         r.source_row AS r_row, g.*,
          CASE WHEN g.role = 'decode' THEN coalesce(g.reserved_tokens, r.prompt_tokens)
               ELSE r.prompt_tokens END AS expected_tokens
-  FROM scoped_requests r JOIN legs g ON g.client_request_id = r.request_id
-  WHERE r.http_status BETWEEN 200 AND 299 AND g.held_tokens IS NOT NULL
+  FROM scoped_all r JOIN legs g ON g.client_request_id = r.request_id
+  WHERE r.answered AND g.held_tokens IS NOT NULL
 )
 SELECT
   request_id,
@@ -22,7 +24,7 @@ SELECT
   format('{} leg on {} held {} tokens of {} expected', role, node, held_tokens,
          expected_tokens) AS detail,
   to_json([
-    {'table': 'requests', 'evidence_id': r_eid, 'source_row': r_row},
+    {'table': record_table, 'evidence_id': r_eid, 'source_row': r_row},
     {'table': 'engine_legs', 'evidence_id': evidence_id, 'source_row': source_row}
   ]) AS evidence
 FROM compared

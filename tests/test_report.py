@@ -10,7 +10,14 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from fixtures.findings.builder import OUTPUT_FILES, REQUESTS, SECTIONS, TRAVERSAL, XSS, build
+from fixtures.findings.builder import (
+    NOTIFIED_TENANTS,
+    OUTPUT_FILES,
+    REQUESTS,
+    SECTIONS,
+    XSS,
+    build,
+)
 from typer.testing import CliRunner
 
 from forensics.cli import app
@@ -124,7 +131,7 @@ def report(tmp_path_factory):
 def test_writes_exactly_the_fixed_outputs_into_created_folders(report):
     out = report["out"]
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-    slugs = assign_slugs([XSS, TRAVERSAL, "acct_alpha", "acct_beta", "acct_gamma"])
+    slugs = assign_slugs(NOTIFIED_TENANTS)
     assert files == sorted([*OUTPUT_FILES] + [f"notices/{s}.md" for s in slugs.values()])
     assert report["result"].files[-1] == out / "manifest.json"
 
@@ -196,7 +203,7 @@ def test_summary_numbers_match_the_csvs(report):
     ]
     assert num(value("fact-affected")) == len(customer) == 3
     assert num(value("fact-recipients")) == sum(n["role"] == "recipient" for n in notes) == 2
-    assert num(value("fact-sources")) == sum(n["role"] == "source" for n in notes) == 3
+    assert num(value("fact-sources")) == sum(n["role"] == "source" for n in notes) == 2
     assert sum(int(n["responses"]) for n in notes if n["role"] == "recipient") == len(customer)
     assert value("fact-window") == "2026-09-01T00:00:00Z to 2026-09-02T00:00:00Z"
     assert "researcher only" in value("fact-exploitation")
@@ -225,8 +232,17 @@ def test_tenant_tables_match_notifications_csv(report):
         ]
     _, excluded = dom.by_id("table-excluded-recipients").table()
     assert excluded == [["acct_internal", "internal", "1"], ["acct_researcher", "researcher", "2"]]
-    _, possible = dom.by_id("table-possible").table()
-    assert possible == [["acct_gamma", "1"]]
+    _, review = dom.by_id("table-review").table()
+    _, rows = read_csv(out / "review.csv")
+    assert [(r[0], r[1], num(r[2]), r[5]) for r in review] == [
+        (n["tenant_id"], n["role"], int(n["responses"]), n["confidence"]) for n in rows
+    ]
+    # acct_gamma: its only response is possible, and its data was named only by a temporal
+    # candidate: both on the review list, neither notified.
+    assert [(r[0], r[1], r[5]) for r in review] == [
+        ("acct_gamma", "recipient", "possible"),
+        ("acct_gamma", "source", "low"),
+    ]
 
 
 def test_methodology_lists_every_detector_with_parameters_and_hits(report):
@@ -355,7 +371,7 @@ def test_markdown_has_the_same_numbers_and_escapes_html(report):
     md = (report["out"] / "report.md").read_text(encoding="utf-8")
     assert "| Affected responses | 3 |" in md
     assert "| Recipient tenants | 2 |" in md
-    assert "| Source tenants | 3 |" in md
+    assert "| Source tenants | 2 |" in md
     assert "| `<img src=x onerror=alert(1)>` | 1 |" in md  # a code span renders literally
     assert "\n<img" not in md
     for title in (
@@ -381,7 +397,7 @@ def _other_ids(tenant: str) -> list[str]:
 
 
 def test_notices_hold_only_their_own_tenant(report):
-    slugs = assign_slugs([XSS, TRAVERSAL, "acct_alpha", "acct_beta", "acct_gamma"])
+    slugs = assign_slugs(NOTIFIED_TENANTS)
     for tenant, slug in slugs.items():
         text = (report["out"] / "notices" / f"{slug}.md").read_text(encoding="utf-8")
         assert tenant in text
@@ -397,7 +413,8 @@ def test_notice_contents_by_role(report):
     assert "exposed" not in alpha  # recipient only: no source section
     beta = (notices / "acct_beta.md").read_text()
     assert "| `r-b3` | 2026-09-01T11:00:00Z | 1 |" in beta
-    assert "3 responses" in beta and "Responses you received" not in beta
+    # r-a1 (replay, high) and r-res1 (allocation log): r-a2's temporal candidate is not counted.
+    assert "2 responses" in beta and "Responses you received" not in beta
 
 
 @pytest.mark.parametrize(
@@ -445,7 +462,7 @@ def test_pseudonyms_are_stable_per_key_and_differ_across_keys(tmp_path, monkeypa
     assert a == b
     ids_a = {r["tenant_id"] for r in read_csv(tmp_path / "a" / "notifications.csv")[1]}
     ids_c = {r["tenant_id"] for r in read_csv(tmp_path / "c" / "notifications.csv")[1]}
-    assert len(ids_a) == 5 and ids_a.isdisjoint(ids_c)
+    assert len(ids_a) == 4 and ids_a.isdisjoint(ids_c)
 
 
 def test_redact_without_key_fails(tmp_path, monkeypatch):
@@ -519,7 +536,8 @@ def test_report_command_writes_beside_the_manifest(tmp_path):
         "2026-09-03T00:00:00Z"
     )
     assert "Affected responses: 3" in result.output
-    assert "Recipient tenants: 2" in result.output
+    assert "Notify: 2 recipient tenants, 2 source tenants." in " ".join(result.output.split())
+    assert "Review: 2 candidates" in " ".join(result.output.split())
 
 
 def test_report_command_usage_and_data_errors(tmp_path):

@@ -35,9 +35,19 @@ def test_standard_case_notifies_exactly_the_expected_tenants(standard):
         (TRAVERSAL, "source", 1, at(11, 30), at(11, 30), "high"),
         (XSS, "recipient", 1, at(10, 40), at(10, 40), "confirmed"),
         ("acct_alpha", "recipient", 2, at(10, 0), at(10, 1), "confirmed"),
-        ("acct_beta", "source", 3, at(10, 0), at(11, 10), "exact"),
-        ("acct_gamma", "source", 1, at(10, 1), at(10, 1), "low"),
+        ("acct_beta", "source", 2, at(10, 0), at(11, 10), "exact"),
     ]
+
+
+def test_candidates_and_possible_only_go_to_review_with_a_reason(standard):
+    _, con, scope = standard
+    got = [(r.tenant_id, r.role, r.responses, r.confidence) for r in scope.review]
+    # acct_gamma's only response is possible; its data was named only by r-a2's temporal
+    # candidates. acct_beta is notified (page-level reads), so its own candidate read by r-a2
+    # adds no review row.
+    assert got == [("acct_gamma", "recipient", 1, "possible"), ("acct_gamma", "source", 1, "low")]
+    assert all(r.reason and r.evidence for r in scope.review)
+    assert con.execute("SELECT count(*) FROM findings_review").fetchone() == (2,)
 
 
 def test_excluded_recipients_possible_and_own_data_are_not_notified(standard):
@@ -46,7 +56,7 @@ def test_excluded_recipients_possible_and_own_data_are_not_notified(standard):
     # response; acct_internal's own request read by r-x1 is our data; r-a1 reading acct_alpha's
     # own earlier request is not cross-tenant.
     assert {"acct_researcher", "acct_internal", "acct_delta"}.isdisjoint(scope.tenants)
-    assert [n.tenant_id for n in scope.sources] == [TRAVERSAL, "acct_beta", "acct_gamma"]
+    assert [n.tenant_id for n in scope.sources] == [TRAVERSAL, "acct_beta"]
     assert "acct_alpha" not in {n.tenant_id for n in scope.sources}
 
 
@@ -117,8 +127,9 @@ def test_source_confidence_is_the_best_attribution_in_full_order(tmp_path):
             {"s": src, "t": tenant, "c": confidence},
         )
     scope = scope_case(con)
-    got = {n.tenant_id: n.confidence for n in scope.sources}
-    assert got == {"t1": "medium", "t2": "very_low", "t3": "low"}
+    # Only page-level confidences notify; the rest are candidates, each at its best confidence.
+    assert {n.tenant_id: n.confidence for n in scope.sources} == {"t1": "medium"}
+    assert {r.tenant_id: r.confidence for r in scope.review} == {"t2": "very_low", "t3": "low"}
     # A notice ranks each of its own requests the same way.
     from forensics.report.notices import notice_context
 

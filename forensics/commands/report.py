@@ -40,13 +40,20 @@ AS_OF_OPT = typer.Option(
 
 
 def _print_result(console, result) -> None:
+    from rich.markup import escape
+
     s = result.summary
+    if s.get("basis_headline"):
+        console.print(f"[yellow]{escape(s['basis_headline'])}[/yellow]")
     console.print(
         f"Affected responses: {s['affected']:,} ({s['confirmed']:,} confirmed, "
         f"{s['likely']:,} likely; {s['affected_excluded']:,} to excluded traffic, "
         f"{s['possible']:,} possible to review)"
     )
-    console.print(f"Recipient tenants: {s['recipients']:,}   Source tenants: {s['sources']:,}")
+    console.print(
+        f"Notify: {s['recipients']:,} recipient tenants, {s['sources']:,} source tenants."
+        f"  Review: {s['review']:,} candidates (review.csv)"
+    )
     console.print(f"Exploitation: {s['conclusion']}", markup=False)
     for message in result.messages:
         console.print(f"[yellow]note:[/yellow] {message}")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from forensics.report.redact import Redactor
-from forensics.scope import NOTIFIED_VERDICTS
+from forensics.verdicts import NOTIFIED_VERDICTS
 
 if TYPE_CHECKING:
     import duckdb
@@ -94,6 +94,7 @@ class ReportData:
     affected: list[dict]
     exposures: list[dict]
     notifications: list[dict]
+    review: list[dict]
     detectors: list[dict]
     exclusions: list[dict]
     exploitation: list[dict]
@@ -106,6 +107,8 @@ class ReportData:
     window: dict[str, str]
     exploitation_summary: dict[str, Any]
     coverage_summary: dict[str, Any] = field(default_factory=dict)
+    # What the evidence can support (forensics.basis): headline, per-figure caveats.
+    basis: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
     nodes: list[str] = field(default_factory=list)
 
@@ -120,6 +123,7 @@ def all_tenant_ids(con: duckdb.DuckDBPyConnection) -> set[str]:
     UNION SELECT tenant_id FROM findings_excluded
     UNION SELECT tenant_id FROM findings_exploitation
     UNION SELECT tenant_id FROM findings_notifications
+    UNION SELECT tenant_id FROM findings_review
     """
     return {r[0] for r in con.execute(sql).fetchall() if r[0] is not None}
 
@@ -201,6 +205,16 @@ def load_report_data(
     # Sort after redaction: pseudonyms must not leak the order of the real ids.
     notifications.sort(key=lambda n: (n["tenant_id"], n["role"]))
 
+    review = _rows(
+        con,
+        """SELECT tenant_id, role, responses, first_at, last_at, confidence, reason, evidence
+           FROM findings_review""",
+    )
+    for r in review:
+        r["tenant_id"] = t(r["tenant_id"]) if r["tenant_id"] is not None else None
+        r["reason"], r["evidence"] = tx(r["reason"]), tx(r["evidence"])
+    review.sort(key=lambda r: (r["tenant_id"] is not None, r["tenant_id"] or "", r["role"]))
+
     detectors = _rows(
         con,
         """SELECT detector_id, title, severity, description, parameters, hits
@@ -279,6 +293,7 @@ def load_report_data(
         affected=affected,
         exposures=exposures,
         notifications=notifications,
+        review=review,
         detectors=detectors,
         exclusions=exclusions,
         exploitation=exploitation,
@@ -291,10 +306,33 @@ def load_report_data(
         window=window,
         exploitation_summary=expl_summary,
         coverage_summary=_coverage_summary(facts.get("coverage")),
+        basis=_basis(facts.get("evidence_basis"), tx),
     )
     data.summary = _summary(data)
     data.nodes = sorted({a["decode_node"] or "(unknown)" for a in affected})
     return data
+
+
+def _basis(value: Any, tx) -> dict[str, Any]:
+    """Detection's evidence basis, with a headline; an old database without one is whole."""
+    from forensics.basis import EvidenceBasis
+
+    if not isinstance(value, dict):
+        return {"headline": "", "caveats": {}, "can_clear": True, "missing": []}
+    basis = EvidenceBasis(
+        rows=value.get("rows") or {},
+        missing=list(value.get("missing") or []),
+        caveats={k: tx(str(v)) for k, v in (value.get("caveats") or {}).items()},
+        can_clear=bool(value.get("can_clear", True)),
+        unknown_tenant_responses=int(value.get("unknown_tenant_responses") or 0),
+    )
+    return {
+        "headline": basis.headline(),
+        "caveats": basis.caveats,
+        "can_clear": basis.can_clear,
+        "missing": basis.missing,
+        "unknown_tenant_responses": basis.unknown_tenant_responses,
+    }
 
 
 def _coverage_summary(value: Any) -> dict[str, Any]:
@@ -392,6 +430,8 @@ def _summary(d: ReportData) -> dict[str, Any]:
         "rows": len(d.affected),
         "recipients": len(recipients),
         "sources": len(sources),
+        "review": len(d.review),
+        "review_tenants": len({r["tenant_id"] for r in d.review if r["tenant_id"]}),
         "exposures": len(d.exposures),
         "methods": methods,
         "notified_tenants": len({n["tenant_id"] for n in d.notifications}),

@@ -13,7 +13,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from forensics.report.data import iso, utc
-from forensics.scope import best_confidence
+from forensics.verdicts import best_confidence
 
 if TYPE_CHECKING:
     import duckdb
@@ -103,7 +103,7 @@ def notice_context(con: duckdb.DuckDBPyConnection, scope: Scope, tenant_id: str)
         rows = _one(
             con,
             """SELECT request_id, received_at, prompt_tokens, verdict FROM findings_affected
-               WHERE tenant_id = ? AND verdict IN ('confirmed', 'likely') AND excluded_by IS NULL
+               WHERE tenant_id = ? AND notified_verdict(verdict) AND excluded_by IS NULL
                ORDER BY received_at, request_id""",
             [tenant_id],
         )
@@ -120,7 +120,7 @@ def notice_context(con: duckdb.DuckDBPyConnection, scope: Scope, tenant_id: str)
             con,
             """WITH notified AS (
                  SELECT request_id, min(received_at) AS received_at FROM findings_affected
-                 WHERE verdict IN ('confirmed', 'likely') GROUP BY request_id)
+                 WHERE notified_verdict(verdict) GROUP BY request_id)
                SELECT e.source_request_id AS request_id,
                       (SELECT min(q.received_at) FROM requests q
                         WHERE q.request_id = e.source_request_id AND q.tenant_id = ?)

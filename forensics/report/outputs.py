@@ -42,6 +42,7 @@ EXPOSURE_COLUMNS = (
     "confidence",
 )
 NOTIFICATION_COLUMNS = ("tenant_id", "role", "responses", "first_at", "last_at", "confidence")
+REVIEW_COLUMNS = (*NOTIFICATION_COLUMNS, "reason", "evidence")
 
 
 @dataclass
@@ -164,6 +165,7 @@ def write_report(
     _write(out / "affected_responses.csv", _csv(AFFECTED_COLUMNS, data.affected), written)
     _write(out / "exposures.csv", _csv(EXPOSURE_COLUMNS, data.exposures), written)
     _write(out / "notifications.csv", _csv(NOTIFICATION_COLUMNS, data.notifications), written)
+    _write(out / "review.csv", _csv(REVIEW_COLUMNS, data.review), written)
 
     notices: list[Path] = []
     messages: list[str] = []
@@ -191,6 +193,7 @@ def write_report(
     summary = dict(data.summary)
     summary["conclusion"] = data.exploitation_summary["conclusion"]
     summary["level"] = data.exploitation_summary["level"]
+    summary["basis_headline"] = data.basis.get("headline", "")
     return ReportResult(out, written, notices, bool(redact), generated_at, summary, messages)
 
 

@@ -123,13 +123,10 @@ def report_context(data: ReportData, charts: list[Chart], tool_version: str) -> 
         A dict with ``data``, ``s`` (summary counts), derived tables and ``charts``.
     """
     excluded: dict[tuple[str, str], int] = {}
-    possible: dict[str, int] = {}
     for a in data.affected:
         if a["verdict"] in NOTIFIED and a["excluded_by"]:
             key = (a["tenant_id"] or "", a["excluded_by"])
             excluded[key] = excluded.get(key, 0) + 1
-        elif a["verdict"] == "possible" and not a["excluded_by"]:
-            possible[a["tenant_id"] or ""] = possible.get(a["tenant_id"] or "", 0) + 1
     return {
         "data": data,
         "s": data.summary,
@@ -141,9 +138,6 @@ def report_context(data: ReportData, charts: list[Chart], tool_version: str) -> 
             {"tenant_id": t, "excluded_by": x, "responses": n}
             for (t, x), n in sorted(excluded.items())
         ],
-        "possible_by_tenant": [
-            {"tenant_id": t, "responses": n} for t, n in sorted(possible.items())
-        ],
         "charts": charts,
         "sections": [
             ("summary", "Executive summary"),
@@ -152,6 +146,7 @@ def report_context(data: ReportData, charts: list[Chart], tool_version: str) -> 
             ("exclusions", "Exclusions"),
             ("affected-tenants", "Affected tenants"),
             ("source-tenants", "Exposed tenants"),
+            ("review", "Review list"),
             ("exploitation", "Exploitation"),
             ("coverage", "Log coverage"),
             ("charts", "Charts"),

@@ -59,14 +59,14 @@ SELECT 'client_only', r.prefill_node, count(*), min(r.received_at), max(r.receiv
 FROM scoped_requests r
 WHERE r.http_status BETWEEN 200 AND 299
   AND (SELECT count(*) FROM engine_legs) > 0
-  AND r.request_id NOT IN (SELECT client_request_id FROM matched_legs)
+  AND r.request_id NOT IN (SELECT client_request_id FROM client_legs)
 GROUP BY r.prefill_node;
 
 INSERT INTO findings_coverage
 SELECT 'engine_only', l.node, count(*), min(l.started_at), max(l.started_at), 0, 0,
        format('{} engine legs with no client request (client logs missing for them)', count(*))
 FROM engine_legs l, detect_params p
-WHERE l.request_id NOT IN (SELECT request_id FROM matched_legs)
+WHERE l.request_id NOT IN (SELECT request_id FROM client_legs)
   AND (p.start_at IS NULL OR l.started_at >= p.start_at)
   AND (p.end_at IS NULL OR l.started_at <= p.end_at)
 GROUP BY l.node;

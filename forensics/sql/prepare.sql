@@ -77,7 +77,7 @@ WHERE previous_pool IS NULL OR previous_pool <> pool_tokens OR previous_page <> 
 
 -- Engine legs matched to the client request they belong to: by request id, else by the PD
 -- bootstrap room (prefill and decode may log different rids for one request).
-CREATE OR REPLACE TEMP TABLE matched_legs AS
+CREATE OR REPLACE TEMP TABLE client_legs AS
 SELECT r.request_id AS client_request_id, l.*
 FROM engine_legs l JOIN requests r ON l.request_id = r.request_id
 UNION ALL
@@ -85,6 +85,79 @@ SELECT r.request_id AS client_request_id, l.*
 FROM engine_legs l JOIN requests r ON l.bootstrap_room = r.bootstrap_room
 WHERE l.bootstrap_room IS NOT NULL
   AND l.request_id NOT IN (SELECT request_id FROM requests);
+
+-- Engine requests with no client record (a lost or missing client log): the legs of one request
+-- grouped by bootstrap room, else by rid. The engine alone proves an exposure (a prefill that
+-- logged the rejection, or a decode that received far less than it reserved, followed by a
+-- decode leg that completed), so these stand in for the client record. The tenant comes from a
+-- `tenant_id` field the legs carry (kept in `extra`, e.g. a custom request label), else unknown.
+CREATE OR REPLACE TEMP TABLE engine_requests AS
+WITH orphan AS (
+  SELECT coalesce('room:' || l.bootstrap_room, 'rid:' || l.request_id) AS engine_key, l.*
+  FROM engine_legs l
+  WHERE l.request_id NOT IN (SELECT request_id FROM client_legs)
+),
+decode AS (
+  SELECT engine_key, arg_min(l, (l.started_at, l.source_row)) AS d
+  FROM orphan l WHERE l.role IN ('decode', 'unified') GROUP BY engine_key
+),
+prefill AS (
+  SELECT engine_key, arg_min(l, (l.started_at, l.source_row)) AS p
+  FROM orphan l WHERE l.role = 'prefill' GROUP BY engine_key
+),
+labels AS (
+  SELECT engine_key, min(json_extract_string(extra, '$.tenant_id')) AS tenant_id
+  FROM orphan GROUP BY engine_key
+)
+SELECT coalesce(d.d.request_id, p.p.request_id) AS request_id, g.tenant_id,
+       least(p.p.started_at, d.d.started_at) AS received_at,
+       coalesce(d.d.reserved_tokens,
+                TRY_CAST(regexp_extract(p.p.error, 'Input length \((\d+) tokens\)', 1) AS BIGINT),
+                p.p.input_tokens) AS prompt_tokens,
+       NULL::BIGINT AS http_status,
+       d.d.finished_at AS completed_at,
+       p.p.node AS prefill_node, d.d.node AS decode_node, d.d.dp_rank AS dp_rank,
+       coalesce(d.d.bootstrap_room, p.p.bootstrap_room) AS bootstrap_room,
+       -- A decode leg that finished without an error generated an answer: in PD the client
+       -- receives it (that is the incident: nothing errored).
+       d.d.finished_at IS NOT NULL AND d.d.error IS NULL
+         AND coalesce(d.d.status_code, 200) BETWEEN 200 AND 299
+         AND coalesce(lower(d.d.finish_type), '') <> 'abort' AS answered,
+       false AS client_record, 'engine_legs' AS record_table,
+       coalesce(d.d.evidence_id, p.p.evidence_id) AS evidence_id,
+       coalesce(d.d.source_row, p.p.source_row) AS source_row,
+       k.engine_key
+FROM (SELECT DISTINCT engine_key FROM orphan) k
+LEFT JOIN decode d USING (engine_key)
+LEFT JOIN prefill p USING (engine_key)
+LEFT JOIN labels g USING (engine_key);
+
+-- Legs matched to their request: the client's, else the engine request standing in for it.
+CREATE OR REPLACE TEMP TABLE matched_legs AS
+SELECT * FROM client_legs
+UNION ALL
+SELECT e.request_id AS client_request_id, l.*
+FROM engine_legs l
+JOIN engine_requests e
+  ON coalesce('room:' || l.bootstrap_room, 'rid:' || l.request_id) = e.engine_key
+WHERE l.request_id NOT IN (SELECT request_id FROM client_legs);
+
+-- Every request the case knows: client records, then engine requests that have none. Client
+-- records answer `answered` from the HTTP status the client saw.
+CREATE OR REPLACE TEMP VIEW all_requests AS
+SELECT r.*, r.http_status BETWEEN 200 AND 299 AS answered, true AS client_record,
+       'requests' AS record_table
+FROM requests r
+UNION ALL BY NAME
+SELECT * EXCLUDE (engine_key) FROM engine_requests;
+
+-- All requests in scope (see scoped_requests): what the engine-backed detectors read.
+CREATE OR REPLACE TEMP VIEW scoped_all AS
+SELECT r.*
+FROM all_requests r, detect_params p
+WHERE (p.model IS NULL OR r.model IS NULL OR r.model = p.model)
+  AND (p.start_at IS NULL OR r.received_at >= p.start_at)
+  AND (p.end_at IS NULL OR r.received_at <= p.end_at);
 
 -- The prefill limit in force for every request at or near one: the single lookup that over_pool
 -- and the exploitation assessment share. A request with no prefill node on its client record

@@ -1,4 +1,6 @@
--- Temporal attribution (the fallback when a decode rank's pool cannot be replayed).
+-- Temporal attribution: the fallback when a decode rank's pool cannot be replayed (both tiers),
+-- and the candidates added to a replay that had drifted (the overlap window only: the replay
+-- still named most writers, so only recent releases are plausible misses).
 CREATE OR REPLACE TEMP TABLE temporal_victims AS
 SELECT request_id, tenant_id, node, dp_rank, alloc_at
 FROM decode_timeline
@@ -52,6 +54,7 @@ WITH tiers AS (
   FROM temporal_recent
   UNION ALL
   SELECT vid, vt, request_id, tenant_id, free_at, tokens, 2, 'very_low' FROM temporal_older
+  WHERE $include_older
 )
 SELECT vid, vt, request_id, tenant_id, 'temporal', tokens, confidence,
        row_number() OVER (PARTITION BY vid ORDER BY tier, free_at DESC, request_id),

@@ -9,7 +9,7 @@ CREATE OR REPLACE TABLE findings_affected AS
 WITH flagged AS (SELECT DISTINCT request_id FROM findings_signals),
 prefill_complete AS (
   SELECT l.client_request_id AS request_id
-  FROM matched_legs l JOIN requests r ON r.request_id = l.client_request_id
+  FROM matched_legs l JOIN all_requests r ON r.request_id = l.client_request_id
   WHERE l.client_request_id IN (SELECT request_id FROM flagged)
     AND l.role IN ('prefill', 'unified')
     AND coalesce(l.input_tokens, l.transferred_tokens) >= r.prompt_tokens * $max_held_ratio
@@ -45,6 +45,6 @@ SELECT r.request_id, r.tenant_id, r.received_at, r.prompt_tokens,
             THEN 'its prefill leg processed the whole prompt without a rejection:'
                  || ' the limit on record may not be the one the node applied'
        END AS note
-FROM per_request p JOIN requests r USING (request_id)
+FROM per_request p JOIN all_requests r USING (request_id)
 LEFT JOIN prefill_complete c USING (request_id)
 ORDER BY r.received_at, r.request_id;

@@ -1,0 +1,154 @@
+"""What the evidence can support: which kinds are missing and what that costs each figure.
+
+A figure of zero is an all-clear only when the evidence that would have shown a non-zero one was
+there. This module states, once per detection, which evidence kinds are missing and, for each
+headline figure (affected responses, recipients, sources, exploitation), what it rests on and
+what it cannot show. The report prints these beside the figures, so no count reads as stronger
+than its evidence.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import duckdb
+
+FIGURES = ("affected", "recipients", "sources", "exploitation")
+
+
+@dataclass
+class EvidenceBasis:
+    """The evidence behind the headline figures.
+
+    Attributes:
+        rows: rows loaded per evidence kind.
+        missing: evidence kinds that matter and have no rows, most important first.
+        caveats: figure -> what it cannot show given the missing evidence (absent when whole).
+        can_clear: whether a count of zero affected responses may be read as an all-clear.
+        unknown_tenant_responses: notified affected responses whose tenant the logs do not name.
+    """
+
+    rows: dict[str, int]
+    missing: list[str] = field(default_factory=list)
+    caveats: dict[str, str] = field(default_factory=dict)
+    can_clear: bool = True
+    unknown_tenant_responses: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing
+
+    def headline(self) -> str:
+        """One sentence for the top of the report (empty when nothing is missing).
+
+        >>> print(EvidenceBasis(rows={}, missing=["requests"]).headline())
+        Evidence missing: requests (the client request log). Each figure says what it cannot show.
+        """
+        if not self.missing:
+            return ""
+        names = ", ".join(f"{k} ({KIND_LABELS[k]})" for k in self.missing)
+        return f"Evidence missing: {names}. Each figure says what it cannot show."
+
+
+KIND_LABELS = {
+    "requests": "the client request log",
+    "engine_legs": "the engines' prefill and decode records",
+    "prefill_snapshots": "the prefill nodes' pool limits",
+    "decode_snapshots": "the decode nodes' pool sizes",
+}
+
+
+def evidence_basis(con: duckdb.DuckDBPyConnection, unknown_tenant_responses: int) -> EvidenceBasis:
+    """Count what was loaded and spell out what each headline figure can and cannot show.
+
+    ``kv_allocations`` is optional (few engines write it) and its absence costs nothing the
+    replay does not recover, so it is never reported missing.
+    """
+    rows = {
+        "requests": con.execute("SELECT count(*) FROM requests").fetchone()[0],
+        "engine_legs": con.execute("SELECT count(*) FROM engine_legs").fetchone()[0],
+        "prefill_snapshots": con.execute(
+            "SELECT count(*) FROM pool_snapshots"
+            " WHERE coalesce(role, 'prefill') IN ('prefill', 'unified')"
+        ).fetchone()[0],
+        "decode_snapshots": con.execute(
+            "SELECT count(*) FROM pool_snapshots"
+            " WHERE coalesce(role, 'decode') IN ('decode', 'unified')"
+        ).fetchone()[0],
+    }
+    allocation_log = con.execute("SELECT count(*) FROM kv_allocations").fetchone()[0] > 0
+    basis = EvidenceBasis(
+        rows=rows,
+        missing=[k for k in KIND_LABELS if rows[k] == 0],
+        unknown_tenant_responses=unknown_tenant_responses,
+    )
+    c = basis.caveats
+    no_requests, no_legs = rows["requests"] == 0, rows["engine_legs"] == 0
+    if no_requests and no_legs:
+        basis.can_clear = False
+        c["affected"] = (
+            "Cannot be determined: neither a client request log nor engine records were"
+            " loaded. Zero here means nothing was examined, not that nothing happened."
+        )
+        c["recipients"] = c["sources"] = "Cannot be determined without request records."
+        c["exploitation"] = "Cannot be assessed without a client request log."
+        return basis
+    if no_requests:
+        basis.can_clear = True  # engine records alone prove (or rule out) the bug path
+        c["affected"] = (
+            "From engine records alone: a prefill that logged the input-length rejection, or a"
+            " decode leg that received far less than it reserved, followed by a decode leg"
+            " that completed. over_pool and latency_too_good need the client log and did not"
+            " run on these requests."
+        )
+        c["recipients"] = (
+            "Tenants are named only where the engine records carry a tenant label;"
+            f" {unknown_tenant_responses:,} affected responses have no tenant and are on the"
+            " review list until their request ids are mapped to tenants."
+        )
+        c["sources"] = "Sources are engine request ids: without the client log their tenants" + (
+            " are unknown (pages from the allocation log)."
+            if allocation_log
+            else " are unknown, and so are their generated tokens: the replayed pool is"
+            " approximate and its victims also get nearby releases as review candidates."
+        )
+        c["exploitation"] = (
+            "Cannot be assessed: prompt lengths per tenant come from the client request log."
+        )
+    elif unknown_tenant_responses:
+        c["recipients"] = (
+            f"{unknown_tenant_responses:,} affected responses were found in engine records with"
+            " no client record: their tenant is unknown (review list)."
+        )
+    if no_legs:
+        c["affected"] = (
+            "Rests on prompt lengths against the prefill limits (over_pool) and latency:"
+            " without engine records no verdict is confirmed by what the engines did."
+        )
+        c["sources"] = (
+            "Replayed from client times (confidence medium at best) or, where a decode pool is"
+            " unknown, temporal candidates for review."
+        )
+    if rows["prefill_snapshots"] == 0 and not no_requests:
+        c.setdefault(
+            "affected",
+            "Prefill limits come from [detection].default_pool_tokens and the limits logged in"
+            " prefill rejections, not from the engines' own reports.",
+        )
+    if rows["decode_snapshots"] == 0:
+        c["sources"] = (
+            "No decode pool size is known, so no allocator can be replayed: every source is a"
+            " temporal candidate on the review list and no tenant is notified as a source."
+        )
+    return basis
+
+
+def record_basis(con: duckdb.DuckDBPyConnection, basis: EvidenceBasis) -> None:
+    """Store the basis in findings_case for the report."""
+    con.execute(
+        "INSERT INTO findings_case VALUES ('evidence_basis', $v)",
+        {"v": json.dumps(asdict(basis), sort_keys=True)},
+    )
