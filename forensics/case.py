@@ -97,6 +97,8 @@ class Exclusion:
 class TimelineEvent:
     at: datetime
     event: str
+    # This event removed the cause (e.g. the engine patch); notices and the summary say when.
+    fix: bool = False
 
 
 @dataclass(frozen=True)
@@ -247,9 +249,13 @@ def load_case(path: str | Path) -> Case:
     timeline = []
     for i, item in enumerate(_array(top, "timeline")):
         r = _Reader(path, f"[[timeline]] #{i + 1}", item)
-        r.check_keys({"at", "event"})
+        r.check_keys({"at", "event", "fix"})
         timeline.append(
-            TimelineEvent(r.instant("at", tz, required=True), r.get("event", str, required=True))
+            TimelineEvent(
+                r.instant("at", tz, required=True),
+                r.get("event", str, required=True),
+                bool(r.get("fix", bool, False)),
+            )
         )
 
     return Case(

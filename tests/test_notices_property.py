@@ -95,15 +95,20 @@ def test_no_notice_mentions_another_tenant(generated):
                 window={"start": "", "end": ""},
                 tenant_ids={r[1] for r in requests},
             )
-            assert len(paths) == len(scope.tenants)
-            by_slug = {p.name: p.read_text(encoding="utf-8") for p in paths}
+            # One letter and one CSV of its requests per notified tenant.
+            assert len(paths) == 2 * len(scope.tenants)
+            assert {p.stem for p in paths if p.suffix == ".csv"} == {
+                p.stem for p in paths if p.suffix == ".md"
+            }
+            letters = {p.stem: p.read_text(encoding="utf-8") for p in paths if p.suffix == ".md"}
             owners = {}
             for tenant in scope.tenants:
-                mine = [name for name, text in by_slug.items() if tenant in text]
+                mine = [stem for stem, text in letters.items() if tenant in text]
                 assert len(mine) == 1, (tenant, mine)
                 owners[mine[0]] = tenant
-            for name, text in by_slug.items():
-                tenant = owners[name]
+            for path in paths:
+                text = path.read_text(encoding="utf-8")
+                tenant = owners[path.stem]
                 own_requests = {r[0] for r in requests if r[1] == tenant}
                 others = [t for t in {r[1] for r in requests} if t != tenant]
                 others += [r[0] for r in requests if r[0] not in own_requests]

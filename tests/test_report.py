@@ -132,7 +132,8 @@ def test_writes_exactly_the_fixed_outputs_into_created_folders(report):
     out = report["out"]
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     slugs = assign_slugs(NOTIFIED_TENANTS)
-    assert files == sorted([*OUTPUT_FILES] + [f"notices/{s}.md" for s in slugs.values()])
+    notices = [f"notices/{s}.{ext}" for s in slugs.values() for ext in ("md", "csv")]
+    assert files == sorted([*OUTPUT_FILES, *notices])
     assert report["result"].files[-1] == out / "manifest.json"
 
 
@@ -412,9 +413,13 @@ def test_notice_contents_by_role(report):
     assert "| `r-a2` | 2026-09-01T10:01:00Z | 690,000 | likely |" in alpha
     assert "exposed" not in alpha  # recipient only: no source section
     beta = (notices / "acct_beta.md").read_text()
-    assert "| `r-b3` | 2026-09-01T11:00:00Z | 1 |" in beta
+    # r-b3 was read only by the researcher (excluded), r-b1 by acct_alpha: counted apart.
+    assert "| `r-b3` | 2026-09-01T11:00:00Z | 0 | 1 |" in beta
+    assert "| `r-b1` | 2026-09-01T09:05:00Z | 1 | 0 |" in beta
+    assert "went to traffic that is not a customer's: Bug bounty reproduction traffic" in beta
     # r-a1 (replay, high) and r-res1 (allocation log): r-a2's temporal candidate is not counted.
-    assert "2 responses" in beta and "Responses you received" not in beta
+    assert "- 1 response to other customers' requests read it" in beta
+    assert "Responses you received" not in beta
 
 
 @pytest.mark.parametrize(

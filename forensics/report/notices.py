@@ -67,10 +67,83 @@ def assign_slugs(tenant_ids: list[str]) -> dict[str, str]:
     return slugs
 
 
-def _one(con: duckdb.DuckDBPyConnection, sql: str, params: list) -> list[dict]:
+def _one(con: duckdb.DuckDBPyConnection, sql: str, params: list | dict) -> list[dict]:
     cur = con.execute(sql, params)
     names = [d[0] for d in cur.description]
     return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+
+# Rows shown inline in a letter; longer request lists go only into the CSV beside it.
+INLINE_ROWS = 10
+
+# Per affected response of the tenant: whose data it read, by kind of source, at notified
+# confidences (page-level evidence). "ours" is excluded traffic (researcher, our own tests).
+_RECIPIENT_SQL = """
+WITH reads AS (
+  SELECT e.recipient_request_id AS request_id,
+         count(*) FILTER (WHERE e.source_tenant_id IS NOT NULL
+                          AND e.source_tenant_id <> e.recipient_tenant_id
+                          AND e.source_excluded_by IS NULL) AS customers,
+         count(*) FILTER (WHERE e.source_excluded_by IS NOT NULL
+                          AND e.source_tenant_id IS DISTINCT FROM e.recipient_tenant_id) AS ours,
+         count(*) FILTER (WHERE e.source_tenant_id = e.recipient_tenant_id) AS own,
+         count(*) FILTER (WHERE e.source_tenant_id IS NULL) AS unknown
+  FROM findings_exposures e
+  WHERE e.recipient_tenant_id = $tenant AND notified_confidence(e.confidence)
+  GROUP BY e.recipient_request_id
+)
+SELECT a.request_id, a.received_at, a.prompt_tokens, a.verdict,
+       CASE WHEN r.customers > 0 OR r.unknown > 0 THEN 'another customer'
+            WHEN r.ours > 0 THEN 'non-customer traffic only'
+            WHEN r.own > 0 THEN 'your own earlier requests only'
+            ELSE 'not determined' END AS data_read
+FROM findings_affected a LEFT JOIN reads r USING (request_id)
+WHERE a.tenant_id = $tenant AND notified_verdict(a.verdict) AND a.excluded_by IS NULL
+ORDER BY a.received_at, a.request_id
+"""
+
+# Per request of the tenant whose data was read: by how many responses, split by who received
+# them. Only the kind of reader is loaded, never which tenant it was.
+_SOURCE_SQL = """
+WITH notified AS (
+  SELECT request_id, min(received_at) AS received_at FROM findings_affected
+  WHERE notified_verdict(verdict) GROUP BY request_id
+),
+reads AS (
+  SELECT e.source_request_id, e.recipient_request_id, n.received_at AS read_at, e.confidence,
+         e.recipient_tenant_id = e.source_tenant_id AS own, e.recipient_excluded_by
+  FROM findings_exposures e JOIN notified n ON n.request_id = e.recipient_request_id
+  WHERE e.source_tenant_id = $tenant AND e.source_excluded_by IS NULL
+    AND notified_confidence(e.confidence)
+)
+SELECT x.source_request_id AS request_id,
+       (SELECT min(q.received_at) FROM requests q
+         WHERE q.request_id = x.source_request_id AND q.tenant_id = $tenant) AS received_at,
+       count(DISTINCT recipient_request_id)
+         FILTER (WHERE NOT own AND recipient_excluded_by IS NULL) AS read_by_customers,
+       count(DISTINCT recipient_request_id)
+         FILTER (WHERE NOT own AND recipient_excluded_by IS NOT NULL) AS read_by_ours,
+       count(DISTINCT recipient_request_id) FILTER (WHERE own) AS read_by_own,
+       min(read_at) FILTER (WHERE NOT own) AS first_read_at,
+       max(read_at) FILTER (WHERE NOT own) AS last_read_at,
+       list(DISTINCT confidence) FILTER (WHERE NOT own) AS confidences
+FROM reads x
+GROUP BY x.source_request_id
+HAVING count(*) FILTER (WHERE NOT own) > 0
+ORDER BY received_at NULLS LAST, x.source_request_id
+"""
+
+# Which excluded traffic read the tenant's data: the rule's reason, never a tenant.
+_EXCLUDED_READERS_SQL = """
+SELECT x.reason, count(DISTINCT e.recipient_request_id) AS responses
+FROM findings_exposures e
+JOIN findings_affected a ON a.request_id = e.recipient_request_id AND notified_verdict(a.verdict)
+JOIN findings_exclusions x ON x.name = split_part(e.recipient_excluded_by, ',', 1)
+WHERE e.source_tenant_id = $tenant AND e.source_excluded_by IS NULL
+  AND e.recipient_excluded_by IS NOT NULL AND notified_confidence(e.confidence)
+GROUP BY x.reason, x.ordinal
+ORDER BY x.ordinal
+"""
 
 
 def notice_context(con: duckdb.DuckDBPyConnection, scope: Scope, tenant_id: str) -> dict[str, Any]:
@@ -83,6 +156,8 @@ def notice_context(con: duckdb.DuckDBPyConnection, scope: Scope, tenant_id: str)
 
     Returns:
         A template context: ``tenant``, ``recipient`` (or None) and ``source`` (or None).
+        Each role holds its counts, its ``requests`` (every row, for the CSV) and ``inline``
+        (whether the letter lists them or points to the CSV).
     """
     roles = {n.role: n for n in scope.notifications if n.tenant_id == tenant_id}
     profile = _one(
@@ -99,61 +174,81 @@ def notice_context(con: duckdb.DuckDBPyConnection, scope: Scope, tenant_id: str)
         "recipient": None,
         "source": None,
     }
+    args = {"tenant": tenant_id}
     if "recipient" in roles:
-        rows = _one(
-            con,
-            """SELECT request_id, received_at, prompt_tokens, verdict FROM findings_affected
-               WHERE tenant_id = ? AND notified_verdict(verdict) AND excluded_by IS NULL
-               ORDER BY received_at, request_id""",
-            [tenant_id],
-        )
+        rows = _one(con, _RECIPIENT_SQL, args)
         n = roles["recipient"]
+        kinds = {k: sum(1 for r in rows if r["data_read"] == k) for k in _READ_KINDS}
         ctx["recipient"] = {
             "responses": n.responses,
             "first_at": iso(n.first_at),
             "last_at": iso(n.last_at),
             "confidence": n.confidence,
+            "foreign": kinds["another customer"],
+            "ours_only": kinds["non-customer traffic only"],
+            "own_only": kinds["your own earlier requests only"],
+            "undetermined": kinds["not determined"],
             "requests": [{**r, "received_at": iso(r["received_at"])} for r in rows],
+            "inline": len(rows) <= INLINE_ROWS,
         }
     if "source" in roles:
-        rows = _one(
-            con,
-            """WITH notified AS (
-                 SELECT request_id, min(received_at) AS received_at FROM findings_affected
-                 WHERE notified_verdict(verdict) GROUP BY request_id)
-               SELECT e.source_request_id AS request_id,
-                      (SELECT min(q.received_at) FROM requests q
-                        WHERE q.request_id = e.source_request_id AND q.tenant_id = ?)
-                        AS received_at,
-                      count(DISTINCT e.recipient_request_id) AS read_by,
-                      min(n.received_at) AS first_read_at, max(n.received_at) AS last_read_at,
-                      list(DISTINCT e.confidence) AS confidences
-               FROM findings_exposures e JOIN notified n ON n.request_id = e.recipient_request_id
-               WHERE e.source_tenant_id = ? AND e.source_excluded_by IS NULL
-                 AND e.recipient_tenant_id IS DISTINCT FROM e.source_tenant_id
-               GROUP BY e.source_request_id
-               ORDER BY received_at NULLS LAST, e.source_request_id""",
-            [tenant_id, tenant_id],
-        )
+        rows = _one(con, _SOURCE_SQL, args)
         n = roles["source"]
+        requests = [
+            {
+                "request_id": r["request_id"],
+                "received_at": iso(utc(r["received_at"])),
+                "read_by_customers": r["read_by_customers"],
+                "read_by_ours": r["read_by_ours"],
+                "read_by_own": r["read_by_own"],
+                "first_read_at": iso(r["first_read_at"]),
+                "last_read_at": iso(r["last_read_at"]),
+                "confidence": best_confidence(r["confidences"]),
+            }
+            for r in rows
+        ]
+        customers = _count_distinct(con, tenant_id, "AND e.recipient_excluded_by IS NULL")
+        ours = _count_distinct(con, tenant_id, "AND e.recipient_excluded_by IS NOT NULL")
+        own = _count_distinct(con, tenant_id, "", own=True)
         ctx["source"] = {
             "responses": n.responses,
             "first_at": iso(n.first_at),
             "last_at": iso(n.last_at),
             "confidence": n.confidence,
-            "requests": [
-                {
-                    "request_id": r["request_id"],
-                    "received_at": iso(utc(r["received_at"])),
-                    "read_by": r["read_by"],
-                    "first_read_at": iso(r["first_read_at"]),
-                    "last_read_at": iso(r["last_read_at"]),
-                    "confidence": best_confidence(r["confidences"]),
-                }
-                for r in rows
-            ],
+            "read_by_customers": customers,
+            "read_by_ours": ours,
+            "read_by_own": own,
+            "excluded_readers": _one(con, _EXCLUDED_READERS_SQL, args),
+            "requests": requests,
+            "inline": len(requests) <= INLINE_ROWS,
         }
     return ctx
+
+
+_READ_KINDS = (
+    "another customer",
+    "non-customer traffic only",
+    "your own earlier requests only",
+    "not determined",
+)
+
+
+def _count_distinct(con, tenant_id: str, extra: str, own: bool = False) -> int:
+    """Distinct notified responses that read this tenant's data, by kind of reader."""
+    relation = (
+        "e.recipient_tenant_id = e.source_tenant_id"
+        if own
+        else "e.recipient_tenant_id IS DISTINCT FROM e.source_tenant_id"
+    )
+    # Only fixed SQL fragments are joined here; the tenant is a bound parameter.
+    return con.execute(
+        f"""SELECT count(DISTINCT e.recipient_request_id) FROM findings_exposures e
+            JOIN findings_affected a
+              ON a.request_id = e.recipient_request_id AND notified_verdict(a.verdict)
+            WHERE e.source_tenant_id = $tenant AND e.source_excluded_by IS NULL
+              AND notified_confidence(e.confidence) AND {relation} {extra}""",
+        {"tenant": tenant_id},
+    ).fetchone()[0]
 
 
 def scrub_others(text: str, own: str, others: list[str]) -> str:

@@ -102,7 +102,7 @@ def _clear_notices(folder: Path) -> None:
     # Notices from an earlier run may name tenants no longer notified (or be unredacted copies
     # in a folder about to be shared): the folder holds exactly this run's notices.
     if folder.is_dir():
-        for old in folder.glob("*.md"):
+        for old in [*folder.glob("*.md"), *folder.glob("*.csv")]:
             old.unlink()
 
 
@@ -220,22 +220,58 @@ def write_notices(
         tenant_ids: every tenant id of the case, scrubbed from the free text of other notices.
         env: a template environment (default: :func:`forensics.report.render.environment`).
     """
+    from forensics.remediation import remediation_status
     from forensics.report.notices import assign_slugs, notice_context, scrub_others
-    from forensics.report.render import environment
+    from forensics.report.render import environment, human_time
 
     template = (env or environment()).get_template("notice.md.j2")
     others = sorted(tenant_ids | set(scope.tenants))
+    fix = remediation_status(con, case)
     written: list[Path] = []
     for tenant, slug in sorted(assign_slugs(list(scope.tenants)).items()):
         ctx = notice_context(con, scope, tenant)
         ctx.update(
             case_id=scrub_others(case.id, tenant, others),
-            generated_at=iso(generated_at),
-            window_start=window.get("start", ""),
-            window_end=window.get("end", ""),
+            generated_on=human_time(generated_at),
+            window_start=human_time(window.get("start")) if window.get("start") else "",
+            window_end=human_time(window.get("end")) if window.get("end") else "",
+            csv_name=f"{slug}.csv",
+            fix={
+                "fixed": fix.fixed,
+                "fixed_at": fix.fixed_at,
+                "basis": scrub_others(fix.basis, tenant, others),
+                "last_affected_at": fix.last_affected_at,
+                "still_limited": bool(fix.still_limited),
+            },
         )
         _write(folder / f"{slug}.md", template.render(ctx), written)
+        _write(folder / f"{slug}.csv", _notice_csv(ctx), written)
     return written
+
+
+NOTICE_CSV_COLUMNS = (
+    "role",
+    "request_id",
+    "received_at",
+    "prompt_tokens",
+    "verdict",
+    "data_read",
+    "read_by_customers",
+    "read_by_ours",
+    "read_by_own",
+    "first_read_at",
+    "last_read_at",
+    "confidence",
+)
+
+
+def _notice_csv(ctx: dict[str, Any]) -> str:
+    """Every request a notice concerns, one row each: the letter's tables, whole."""
+    rows = []
+    for role in ("recipient", "source"):
+        for r in (ctx.get(role) or {}).get("requests", []):
+            rows.append({c: r.get(c) for c in NOTICE_CSV_COLUMNS} | {"role": role})
+    return _csv(NOTICE_CSV_COLUMNS, rows)
 
 
 def _manifest(case: Case, data, out: Path, written: list[Path], redact: bool) -> dict[str, Any]:

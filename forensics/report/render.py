@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from forensics.report.data import NOTIFIED, iso
+from forensics.report.data import NOTIFIED, iso, utc
 
 if TYPE_CHECKING:
     import jinja2
@@ -74,6 +74,18 @@ def md_code(value: Any) -> str:
     return f"`{text}`"
 
 
+def human_time(value: Any) -> str:
+    """A UTC instant as people write it in a letter; ``-`` when unknown.
+
+    >>> human_time("2026-09-09T19:40:00Z")
+    '9 September 2026, 19:40 UTC'
+    """
+    dt = utc(value)
+    if dt is None:
+        return "-"
+    return f"{dt.day} {dt.strftime('%B %Y, %H:%M')} UTC"
+
+
 def params_text(params: dict) -> str:
     """Detector parameters as ``name = value`` pairs in name order.
 
@@ -107,7 +119,15 @@ def environment(template_dir: Path | None = None) -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(num=num, ts=iso, md=md_text, code=md_code, params=params_text, plural=plural)
+    env.filters.update(
+        num=num,
+        ts=iso,
+        md=md_text,
+        code=md_code,
+        params=params_text,
+        plural=plural,
+        human=human_time,
+    )
     return env
 
 

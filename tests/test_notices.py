@@ -1,0 +1,111 @@
+"""What a notice tells a customer, on small hand-built findings whose answer is known.
+
+Scenario (all on 2026-09-01, UTC): acct_src's s1 was read by its own later response v_own, by
+another customer's v_cust and by the researcher's v_res; its s3 only by v_own. acct_lone's s2
+was read only by the researcher's v_res. acct_other received v_cust.
+"""
+
+from __future__ import annotations
+
+import csv
+
+from fixtures.findings.builder import CASE_TOML, build, ts
+
+from forensics.report import write_report
+
+REQUESTS = [
+    ("s1", "acct_src", ts(9, 0), 50_000, 4_000.0, "decode-1"),
+    ("s3", "acct_src", ts(9, 10), 60_000, 4_500.0, "decode-1"),
+    ("s2", "acct_lone", ts(9, 30), 70_000, 5_000.0, "decode-1"),
+    ("v_own", "acct_src", ts(10, 0), 700_000, 40.0, "decode-1"),
+    ("v_cust", "acct_other", ts(10, 5), 700_000, 41.0, "decode-1"),
+    ("v_res", "acct_researcher", ts(10, 10), 700_000, 42.0, "decode-1"),
+]
+AFFECTED = [
+    ("v_own", "confirmed", "over_pool,prefill_rejected", None),
+    ("v_cust", "confirmed", "over_pool,prefill_rejected", None),
+    ("v_res", "confirmed", "over_pool,prefill_rejected", "researcher"),
+]
+EXPOSURES = [
+    ("v_own", "s1", "allocator_replay", 20_000, "high", None),
+    ("v_own", "s3", "allocator_replay", 20_000, "high", None),
+    ("v_cust", "s1", "allocator_replay", 20_000, "high", None),
+    ("v_res", "s1", "allocation_log", 20_000, "exact", None),
+    ("v_res", "s2", "allocation_log", 20_000, "exact", None),
+]
+
+
+def _notices(tmp_path, case_toml=CASE_TOML, **kw):
+    case, con = build(
+        tmp_path / "case",
+        requests=kw.get("requests", REQUESTS),
+        affected=kw.get("affected", AFFECTED),
+        exposures=kw.get("exposures", EXPOSURES),
+        case_toml=case_toml,
+    )
+    out = tmp_path / "out"
+    write_report(con, case, out)
+    con.close()
+    return out / "notices"
+
+
+def test_own_reads_are_told_apart_from_other_customers_and_our_traffic(tmp_path):
+    notices = _notices(tmp_path)
+    src = (notices / "acct_src.md").read_text()
+    assert "- 1 response to other customers' requests read it" in src
+    assert "- 1 response that read it went to traffic that is not a customer's:" in src
+    assert "Bug bounty reproduction traffic." in src
+    assert "- 1 response to your own later requests also read it" in src
+    # s3 was read only by acct_src's own response: not an exposure, not listed as one.
+    assert "| `s1` |" in src and "`s3`" not in src
+    # As a recipient, v_own read only acct_src's own data: said so, no deletion warning.
+    assert "| `v_own` |" in src and "your own earlier requests only |" in src
+    assert "may contain another customer's confidential data" not in src
+    other = (notices / "acct_other.md").read_text()
+    assert "- 1 response read another customer's data" in other
+    assert "may contain another customer's confidential data" in other
+
+
+def test_a_source_read_only_by_excluded_traffic_is_told_so_plainly(tmp_path):
+    lone = (_notices(tmp_path) / "acct_lone.md").read_text()
+    assert "- No other customer received it." in lone
+    assert "These were the only responses that read your data." in lone
+    assert "acct_researcher" not in lone and "v_res" not in lone
+
+
+def test_long_request_lists_go_to_the_csv_beside_the_letter(tmp_path):
+    many = [(f"v{i:02d}", "acct_many", ts(11, i), 700_000, 40.0, "decode-1") for i in range(12)]
+    notices = _notices(
+        tmp_path,
+        requests=REQUESTS + many,
+        affected=AFFECTED + [(r[0], "likely", "over_pool", None) for r in many],
+    )
+    letter = (notices / "acct_many.md").read_text()
+    assert "is listed in the file `acct_many.csv` sent with this notice" in letter
+    assert "| `v00` |" not in letter
+    with (notices / "acct_many.csv").open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [r["request_id"] for r in rows] == [r[0] for r in many]
+    assert {r["role"] for r in rows} == {"recipient"}
+    assert {r["data_read"] for r in rows} == {"not determined"}
+
+
+def test_fix_status_comes_from_a_marked_event_else_the_pool_snapshots(tmp_path):
+    # No context length: the pools cannot be judged, and nothing is marked: no fix claimed.
+    letter = (_notices(tmp_path / "a") / "acct_other.md").read_text()
+    assert "Our logs do not yet show that the cause was fixed" in letter
+    assert "The last response affected by this defect in our logs was on" in letter
+    assert "1 September 2026, 10:10 UTC" in letter
+
+    # With the context length, prefill-1's limit stops being pool-bound at 15:00.
+    with_ctx = CASE_TOML.replace(
+        'end = "2026-09-02T00:00:00Z"', 'end = "2026-09-02T00:00:00Z"\ncontext_length = 1048576'
+    )
+    letter = (_notices(tmp_path / "b", case_toml=with_ctx) / "acct_other.md").read_text()
+    assert "The cause was fixed on 1 September 2026, 15:00 UTC (pool snapshots:" in letter
+
+    marked = CASE_TOML + (
+        '\n[[timeline]]\nat = "2026-09-01T16:30:00Z"\nevent = "Engine patch deployed"\nfix = true\n'
+    )
+    letter = (_notices(tmp_path / "c", case_toml=marked) / "acct_other.md").read_text()
+    assert "The cause was fixed on 1 September 2026, 16:30 UTC (Engine patch deployed)." in letter
