@@ -628,3 +628,27 @@ def test_run_end_to_end_on_a_simulated_case(tmp_path):
     notices = list((out / "notices").glob("*.md"))
     assert len(notices) == len({n["tenant_id"] for n in notes})
     assert not any("acct_researcher" in p.read_text() for p in notices)
+
+
+def test_exploitation_csv_lists_every_assessed_tenant_with_its_reasons(report):
+    head, rows = read_csv(report["out"] / "exploitation.csv")
+    assert head == [
+        "tenant_id",
+        "level",
+        "score",
+        "over_limit_attempts",
+        "affected_responses",
+        "excluded_by",
+        "reasons",
+    ]
+    assert [(r["tenant_id"], r["level"], r["score"], r["excluded_by"]) for r in rows] == [
+        ("acct_researcher", "high", "0.9", "researcher"),
+        ("acct_alpha", "low", "0.1", ""),
+    ]
+    assert rows[0]["reasons"] == (
+        "3 prompts above the input limit within 20 minutes; prompt text repeats a probe template"
+    )
+    listed = {
+        o["path"] for o in json.loads((report["out"] / "manifest.json").read_text())["outputs"]
+    }
+    assert {"exploitation.csv", "review.csv"} <= listed

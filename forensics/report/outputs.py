@@ -43,6 +43,15 @@ EXPOSURE_COLUMNS = (
 )
 NOTIFICATION_COLUMNS = ("tenant_id", "role", "responses", "first_at", "last_at", "confidence")
 REVIEW_COLUMNS = (*NOTIFICATION_COLUMNS, "reason", "evidence")
+EXPLOITATION_COLUMNS = (
+    "tenant_id",
+    "level",
+    "score",
+    "over_limit_attempts",
+    "affected_responses",
+    "excluded_by",
+    "reasons",
+)
 
 
 @dataclass
@@ -166,6 +175,12 @@ def write_report(
     _write(out / "exposures.csv", _csv(EXPOSURE_COLUMNS, data.exposures), written)
     _write(out / "notifications.csv", _csv(NOTIFICATION_COLUMNS, data.notifications), written)
     _write(out / "review.csv", _csv(REVIEW_COLUMNS, data.review), written)
+    exploitation = [
+        x
+        | {"over_limit_attempts": x["over_threshold_attempts"], "reasons": "; ".join(x["reasons"])}
+        for x in data.exploitation
+    ]
+    _write(out / "exploitation.csv", _csv(EXPLOITATION_COLUMNS, exploitation), written)
 
     notices: list[Path] = []
     messages: list[str] = []
