@@ -28,6 +28,7 @@ from forensics.errors import ForensicsError
 from forensics.simulate.config import (
     ENGINE_VERSION_AFTER,
     ENGINE_VERSION_BEFORE,
+    PROBER_STRATEGIES,
     SMALL_PREFILL_POOL,
     US,
     SimConfig,
@@ -267,7 +268,11 @@ def simulate_case(
         source_tenants=summary["source_tenants"],
         files=dict(sorted(by_format.items())),
         profiles=summary["profiles"],
-        probers={k: sum(p["requests"] for p in v) for k, v in summary["probers"].items()},
+        probers={
+            k: sum(p["requests"] for p in summary["probers"][k])
+            for k in PROBER_STRATEGIES
+            if k in summary["probers"]
+        },
     )
 
 
