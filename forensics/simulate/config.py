@@ -131,6 +131,13 @@ class SimConfig:
         return self
 
 
+# Settings of earlier versions, and what took their place.
+REPLACED = {
+    "long_prompt_fraction": "replaced by long_context_fraction, the share of customer requests "
+    "sent by long-context sessions",
+}
+
+
 def make_config(**overrides) -> SimConfig:
     """A SimConfig with the given fields replaced.
 
@@ -140,7 +147,9 @@ def make_config(**overrides) -> SimConfig:
     known = {f.name for f in fields(SimConfig)}
     unknown = sorted(set(overrides) - known)
     if unknown:
-        raise ForensicsError(f"simulate: unknown setting(s): {', '.join(unknown)}")
+        hints = [f"{k}: {REPLACED[k]}" for k in unknown if k in REPLACED]
+        hint = f" ({'; '.join(hints)})" if hints else ""
+        raise ForensicsError(f"simulate: unknown setting(s): {', '.join(unknown)}{hint}")
     for key in (
         "start",
         "config_change_at",

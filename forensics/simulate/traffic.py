@@ -17,8 +17,8 @@ the client received, so they are generated a request at a time by ``forensics.si
 (``longctx``: real conversations replayed from the Mooncake trace's turn structure, shipped as
 ``data/mooncake_sessions.csv.gz``, over a large document; ``agentic``: coding agents growing by
 tool results and compacting near the window; ``docqa``: questions over a few fixed documents).
+The long-context share of customer requests is a knob (``long_context_fraction``), not a fit.
 Deliberate probers (``forensics.simulate.probers``) are ordinary-looking customer tenants.
-Their share of the traffic is a knob (``long_context_fraction``), not a fit.
 """
 
 from __future__ import annotations
@@ -182,19 +182,19 @@ class Traffic:
     phase: np.ndarray  # prober requests: 1 probe, 2 exploitation; 0 for everything else
 
 
-_REACTIVE = ("route_prefill", "route_decode", "expect_outcome", "expect_completion", "session")
+# The fields of clients that do not react to answers: none of them applies.
+_NOT_REACTIVE = {"added": 0, "attempt": 1, "phase": 0}
 
 
 def plain(received, tenant, prompt, completion, max_tokens, cached, key_index, ip) -> Traffic:
-    """Traffic of clients that do not react to answers (the session fields at their defaults)."""
+    """Traffic of clients that do not react to answers (the later fields at their defaults)."""
     import numpy as np
 
     n = len(received)
-    extra = {}
-    for f in fields(Traffic)[8:]:
-        fill = -1 if f.name in (*_REACTIVE, "turn", "parent") else 0
-        extra[f.name] = np.full(n, fill, dtype=np.int64)
-    extra["attempt"] = np.ones(n, dtype=np.int64)
+    extra = {
+        f.name: np.full(n, _NOT_REACTIVE.get(f.name, -1), dtype=np.int64)
+        for f in fields(Traffic)[8:]
+    }
     return Traffic(
         np.asarray(received, dtype=np.int64),
         np.asarray(tenant, dtype=np.int64),
@@ -240,7 +240,7 @@ def make_tenants(cfg: SimConfig, rng: np.random.Generator) -> tuple[Tenants, np.
     if n_longctx and len(heavy) > 1:
         heavy_picks["longctx"] = heavy[1:2]
     taken = set(heavy_picks["agentic"] + heavy_picks["longctx"])
-    tail = [i for i in rng.permutation(np.arange(8, n) if n > 16 else np.arange(1, n)).tolist()]
+    tail = rng.permutation(np.arange(8, n) if n > 16 else np.arange(1, n)).tolist()
     tail = [i for i in tail if i not in taken]
     for profile, count in (
         ("agentic", n_agentic),
