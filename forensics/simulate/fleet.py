@@ -217,8 +217,9 @@ class ClientView:
     def wait_s(prompt: int, cached: int, received: int, outcome: int) -> float:
         """How long the client waits for the whole answer, at the slow end of ``plan``'s jitter.
 
-        Queueing for decode pages is not foreseen, so a rare answer still arrives after the
-        client's next request.
+        Queueing is not foreseen (beyond a fraction of a second for prefill; not at all for
+        decode pages, which depends on the whole fleet), so a few answers still arrive after
+        the client's next request.
         """
         if outcome not in (OK, VICTIM):
             return 0.01 + 4e-7 * prompt

@@ -28,7 +28,7 @@ leak stops answering.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from forensics.simulate.config import US, SimConfig, max_req_input_len
@@ -37,8 +37,8 @@ from forensics.simulate.fleet import OK, VICTIM
 if TYPE_CHECKING:
     from forensics.simulate.traffic import Sender, Tenants
 
-PROBE, EXPLOIT = 1, 2
-MINUTE, HOUR, DAY = 60 * US, 3600 * US, 86_400 * US
+PROBE, EXPLOIT = 1, 2  # Traffic.phase
+DAY = 86_400 * US
 # Answer lengths: a probe needs a few tokens to see whose content came back; a harvest asks
 # for long answers (natural length log-normal, median ~650 tokens) under a larger max_tokens.
 PROBE_MAX_TOKENS = (16, 64)
@@ -48,12 +48,13 @@ EXPLOIT_COMPLETION = (6.5, 0.8)
 
 @dataclass
 class ProberStats:
+    """What one prober sent (for the truth summary)."""
+
     tenant: int
     strategy: str
     requests: int = 0
     probes: int = 0
     exploits: int = 0
-    lengths: list[int] = field(default_factory=list)
 
 
 class _Prober:
@@ -83,7 +84,6 @@ class _Prober:
         st.requests += 1
         st.probes += phase == PROBE
         st.exploits += phase == EXPLOIT
-        st.lengths.append(r[0])
         return r[1], r[3]
 
     def pause(self, lo_s: float, hi_s: float) -> int:

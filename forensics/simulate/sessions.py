@@ -1,12 +1,14 @@
 """Long-context customers: conversations over a document, coding agents, document questions.
 
-Every session is a client that waits for each answer. A prompt that continues an earlier turn
-is exactly that turn's prompt, plus the completion the client received (``min(requested,
+Every session is a client that waits for each answer. A prompt that continues an earlier turn is
+exactly that turn's prompt, plus the completion the client received (``min(requested,
 max_tokens)``, less only if the decode pool ran out of room; nothing after an HTTP 400), plus
-what the user or a tool adds. The next request leaves once the answer is back (the fleet's
-``ClientView.wait_s``) and the user has read it or the tool has run. Session starts follow the
-diurnal rate; a tenant starts sessions until its request budget (``traffic.long_budgets``) is
-spent or the simulated window ends.
+what the user or a tool adds. The next request leaves once the answer is back (as the fleet's
+``ClientView.wait_s`` foresees it: an answer delayed by queueing for decode pages arrives after
+it, for about one continuation in a hundred at 1M requests, fewer in smaller cases) and the user
+has read it or the tool has run. Session starts follow the diurnal rate; a tenant starts
+sessions until its request budget (``traffic.long_budgets``) is spent or the simulated window
+ends.
 
 - ``longctx``: conversations replayed from the Mooncake FAST'25 conversation trace's turn
   structure (``data/mooncake_sessions.csv.gz``; see ``data/README.md``): a session drawn
@@ -99,9 +101,9 @@ def _draw(rng: np.random.Generator, spec: tuple[float, float, float, float]) -> 
 def _starts(cfg: SimConfig, budget: int, rng: np.random.Generator) -> list[int]:
     """Enough diurnal session starts for the budget, in random order (so a budget spent early
     leaves no part of the window empty)."""
-    from forensics.simulate.traffic import _diurnal_times
+    from forensics.simulate.traffic import diurnal_times
 
-    return rng.permutation(_diurnal_times(cfg, budget, rng)).tolist()
+    return rng.permutation(diurnal_times(cfg, budget, rng)).tolist()
 
 
 class _Session:

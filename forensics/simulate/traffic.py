@@ -336,7 +336,7 @@ def long_budgets(
     return out
 
 
-def _diurnal_times(cfg: SimConfig, n: int, rng: np.random.Generator) -> np.ndarray:
+def diurnal_times(cfg: SimConfig, n: int, rng: np.random.Generator) -> np.ndarray:
     """``n`` arrival instants (µs) from a day/week-modulated rate, by inverse CDF on a grid."""
     import numpy as np
 
@@ -387,7 +387,7 @@ def customer_traffic(
     import numpy as np
 
     n_cust = len(weights)
-    received = _diurnal_times(cfg, n, rng)
+    received = diurnal_times(cfg, n, rng)
     tenant = rng.choice(n_cust, size=n, p=weights).astype(np.int64)
     profile_of = np.array(
         [SHORT_PROFILES.index(p) if p in SHORT_PROFILES else -1 for p in tenants.profiles[:n_cust]]
