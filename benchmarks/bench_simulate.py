@@ -3,7 +3,7 @@
 Usage::
 
     .venv/bin/python benchmarks/bench_simulate.py [--requests 1000000] [--seed 0]
-        [--kv-allocations] [--keep DIR]
+        [--kv-allocations] [--probers binary_search,sweep,repeat,slow] [--keep DIR]
 
 Writes the case into a temporary folder (or ``--keep DIR``) and prints the wall time, the
 throughput and the headline counts. The case itself is deterministic; only the time varies.
@@ -23,6 +23,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1_000_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kv-allocations", action="store_true")
+    parser.add_argument("--probers", default="", help="prober strategies, comma-separated")
     parser.add_argument("--keep", type=Path, default=None, help="write the case here and keep it")
     args = parser.parse_args()
 
@@ -32,7 +33,11 @@ def main() -> None:
     try:
         t0 = time.perf_counter()
         s = simulate_case(
-            folder, requests=args.requests, seed=args.seed, kv_allocations=args.kv_allocations
+            folder,
+            requests=args.requests,
+            seed=args.seed,
+            kv_allocations=args.kv_allocations,
+            probers=args.probers,
         )
         elapsed = time.perf_counter() - t0
         size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
@@ -48,6 +53,8 @@ def main() -> None:
         f"affected {s.affected} ({s.affected_excluded} excluded), exposures {s.exposures:,}, "
         f"customer recipients {s.recipient_tenants}, source tenants {s.source_tenants}"
     )
+    if s.probers:
+        print("probers: " + ", ".join(f"{k} {v:,} requests" for k, v in s.probers.items()))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from forensics.case import load_case
 from forensics.schema import columns
 from forensics.simulate import simulate_case
 
-SETTINGS = {"long_prompt_fraction": 0.01}
+SETTINGS = {"long_context_fraction": 0.03}
 
 
 @pytest.fixture(scope="module")
@@ -340,7 +340,7 @@ def test_same_seed_same_bytes_and_other_seed_differs(case, tmp_path):
 
 def test_after_the_patch_over_length_prompts_get_400_without_decode(tmp_path):
     simulate_case(
-        tmp_path, requests=3000, seed=5, patch_at="2026-09-02T00:00:00Z", long_prompt_fraction=0.02
+        tmp_path, requests=3000, seed=5, patch_at="2026-09-02T00:00:00Z", long_context_fraction=0.05
     )
     ev = load(tmp_path)
     summary = ev["summary"]

@@ -20,6 +20,16 @@ def _check_format(value: str) -> str:
     return value
 
 
+def _check_probers(value: str) -> str:
+    # Same rule as the library (make_config), reported as a usage error: exit 2.
+    from forensics.simulate.config import parse_probers
+
+    try:
+        return ",".join(parse_probers(value))
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
 @app.command()
 @handle_errors
 def simulate(
@@ -36,11 +46,25 @@ def simulate(
         "--kv-allocations/--no-kv-allocations",
         help="Also write the decode allocator log (exact attribution evidence).",
     ),
+    probers: str = typer.Option(
+        "",
+        "--probers",
+        callback=_check_probers,
+        help="Customer tenants probing the limit on purpose, comma-separated: "
+        "binary_search, sweep, repeat, slow (default: none).",
+    ),
 ) -> None:
     """Write a synthetic incident case: case.toml, evidence/ and truth/."""
     from forensics.simulate import simulate_case
 
-    s = simulate_case(out_dir, requests=requests, seed=seed, fmt=fmt, kv_allocations=kv_allocations)
+    s = simulate_case(
+        out_dir,
+        requests=requests,
+        seed=seed,
+        fmt=fmt,
+        kv_allocations=kv_allocations,
+        probers=probers,
+    )
     files = ", ".join(f"{count} {ext}" for ext, count in s.files.items())
     typer.echo(f"Wrote {s.case_path} ({files})")
     typer.echo(
@@ -48,3 +72,8 @@ def simulate(
         f"{s.exposures:,} exposures; {s.recipient_tenants} customer recipient tenants; "
         f"{s.source_tenants} source tenants"
     )
+    if s.probers:
+        typer.echo(
+            "Probers: "
+            + ", ".join(f"{name} {count:,} requests" for name, count in s.probers.items())
+        )

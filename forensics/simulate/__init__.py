@@ -6,9 +6,16 @@
 allocator handed them), never from re-reading the evidence, and this package imports nothing
 from detection, attribution or scoping.
 
-Layout: ``config`` (fleet and knobs), ``traffic`` (tenants, arrivals, lengths), ``fleet``
-(routing, code paths, leg durations), ``allocator`` (decode page pools and page writers),
-``writer`` (files).
+Layout: ``config`` (fleet and knobs), ``traffic`` (tenants, arrivals, lengths), ``sessions``
+(long-context customers: conversations, coding agents, document questions), ``probers``
+(customers probing the limit on purpose), ``fleet`` (routing, code paths, leg durations),
+``allocator`` (decode page pools and page writers), ``writer`` (files). ``data/`` holds the
+conversation structure replayed by ``sessions`` (derived from a public trace; see its README).
+
+The truth also says who each tenant is (``truth/tenants.csv``: profile, and whether it
+triggered the bug on purpose, with which strategy), which session and turn every long-context
+request belongs to (``truth/sessions.csv``) and which prober requests probed or exploited
+(``truth/probes.csv``).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from forensics.errors import ForensicsError
 from forensics.simulate.config import (
     ENGINE_VERSION_AFTER,
     ENGINE_VERSION_BEFORE,
+    PROBER_STRATEGIES,
     SMALL_PREFILL_POOL,
     US,
     SimConfig,
@@ -47,6 +55,8 @@ class SimulationSummary:
     recipient_tenants: int  # customer tenants that received foreign KV (exclusions left out)
     source_tenants: int  # tenants whose KV was read by another request
     files: dict[str, int] = field(default_factory=dict)  # file format -> files written
+    profiles: dict[str, int] = field(default_factory=dict)  # profile -> tenants
+    probers: dict[str, int] = field(default_factory=dict)  # strategy -> requests sent
 
 
 def simulate_case(
@@ -75,7 +85,7 @@ def simulate_case(
     """
     import numpy as np
 
-    from forensics.simulate import allocator, fleet, traffic, writer
+    from forensics.simulate import allocator, fleet, probers, sessions, traffic, writer
 
     if fmt not in FORMATS:
         raise ForensicsError(f"simulate: unknown format {fmt!r} (supported: canonical)")
@@ -87,7 +97,9 @@ def simulate_case(
         raise ForensicsError(f"{out}: exists and is not a folder")
 
     seq = np.random.SeedSequence(seed)
-    r_ten, r_int, r_res, r_cust, r_ids, r_plan = (np.random.default_rng(s) for s in seq.spawn(6))
+    r_ten, r_int, r_res, r_cust, r_ids, r_plan, r_sess, r_probe = (
+        np.random.default_rng(s) for s in seq.spawn(8)
+    )
 
     # --- traffic -------------------------------------------------------------------------
     tenants, weights = traffic.make_tenants(cfg, r_ten)
@@ -95,8 +107,21 @@ def simulate_case(
     threshold = max_req_input_len(SMALL_PREFILL_POOL, cfg.context_length)
     research = traffic.researcher_traffic(cfg, tenants, threshold, requests // 100, r_res)
     n_cust = requests - len(internal.received_us) - len(research.received_us)
-    customers = traffic.customer_traffic(cfg, tenants, weights, n_cust, r_cust)
-    tr = traffic.concat([customers, research, internal])
+    # Clients that wait for each answer first (probers, then long-context sessions, each with
+    # its own random stream so adding probers leaves the sessions as they were); the
+    # short-prompt customers fill the rest of the request count.
+    probe_sender = traffic.Sender(cfg, tenants, r_probe)
+    prober_stats = probers.prober_traffic(cfg, tenants, n_cust // 4, probe_sender)
+    session_sender = traffic.Sender(cfg, tenants, r_sess)
+    budgets = traffic.long_budgets(cfg, tenants, weights, n_cust)
+    session_stats = sessions.session_traffic(cfg, tenants, budgets, session_sender)
+    reactive = traffic.concat([session_sender.traffic(), probe_sender.traffic()])
+    short_w = traffic.short_weights(tenants, weights)
+    n_short = n_cust - len(reactive.received_us)
+    if n_short > 0 and short_w.sum() <= 0:
+        raise ForensicsError("simulate: no short-prompt customer tenant is left")
+    customers = traffic.customer_traffic(cfg, tenants, short_w, n_short, r_cust)
+    tr = traffic.concat([customers, reactive, research, internal])
     n = len(tr.received_us)
 
     # Request ids: 32 hex digits from two random 64-bit halves, so lexicographic order of the
@@ -117,6 +142,13 @@ def simulate_case(
     decode_want = prefill_start + pl_.handshake
     allocates = (pl_.outcome == fleet.OK) | (pl_.outcome == fleet.VICTIM)
     victim = pl_.outcome == fleet.VICTIM
+    # Sessions and probers acted on what they were told; it must be what the fleet did.
+    seen = tr.expect_outcome >= 0
+    if not (
+        np.array_equal(pl_.outcome[seen], tr.expect_outcome[seen])
+        and np.array_equal(pl_.completion[seen], tr.expect_completion[seen])
+    ):
+        raise ForensicsError("simulate: a client's view of its answers disagrees with the fleet")
 
     # --- decode allocators, one per (node, dp rank) --------------------------------------
     alloc_at = np.full(n, -1, dtype=np.int64)
@@ -205,6 +237,10 @@ def simulate_case(
     summary = _write_truth(
         out, cfg, tenants, tr, pl_, rid, exposures, unwritten, seed, requests, waited
     )
+    summary.update(_write_actors(out, cfg, tenants, tr, pl_, rid, session_stats, prober_stats))
+    (out / "truth" / "summary.json").write_text(
+        json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )
     evidence = [
         ("requests", "canonical", ["evidence/requests-*.jsonl.gz"]),
         ("engine_legs", "canonical", ["evidence/engine_legs-*.parquet"]),
@@ -231,6 +267,12 @@ def simulate_case(
         recipient_tenants=summary["recipient_customer_tenants"],
         source_tenants=summary["source_tenants"],
         files=dict(sorted(by_format.items())),
+        profiles=summary["profiles"],
+        probers={
+            k: sum(p["requests"] for p in summary["probers"][k])
+            for k in PROBER_STRATEGIES
+            if k in summary["probers"]
+        },
     )
 
 
@@ -615,13 +657,129 @@ def _write_truth(out, cfg, tenants, tr, pl_, rid, exposures, unwritten, seed, re
             "config_change_at": cfg.config_change_at.isoformat(),
             "patch_at": cfg.patch_at.isoformat(),
             "report_at": cfg.report_at.isoformat(),
-            "long_prompt_fraction": cfg.long_prompt_fraction,
+            "agentic_share": cfg.agentic_share,
+            "longctx_share": cfg.longctx_share,
+            "docqa_tenants": cfg.docqa_tenants,
+            "long_context_fraction": cfg.long_context_fraction,
+            "probers": list(cfg.probers),
         },
     }
-    (out / "truth" / "summary.json").write_text(
-        json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8"
-    )
     return summary
+
+
+def _write_actors(out, cfg, tenants, tr, pl_, rid, session_stats, prober_stats) -> dict:
+    """Who each tenant is, each long-context request's session, each prober request's phase.
+
+    Returns:
+        The summary's ``profiles``, ``deliberate_tenants``, ``sessions`` and ``probers``.
+    """
+    import numpy as np
+    import polars as pl
+
+    from forensics.simulate import fleet, traffic
+
+    n_t = len(tenants.ids)
+    strategy = [tenants.strategy(i) for i in range(n_t)]
+    strategy[tenants.researcher] = "researcher"
+    deliberate = [bool(s) for s in strategy]
+    pl.DataFrame(
+        {
+            "tenant_id": tenants.ids,
+            "profile": tenants.profiles,
+            "deliberate": deliberate,
+            "strategy": pl.Series([s or None for s in strategy], dtype=pl.String),
+        }
+    ).sort("tenant_id").write_csv(out / "truth" / "tenants.csv")
+
+    tenant_ids = pl.Series(tenants.ids, dtype=pl.String)
+    profiles = pl.Series(tenants.profiles, dtype=pl.String)
+    ses = np.flatnonzero(tr.session >= 0)
+    df = pl.DataFrame(
+        {
+            "i": ses,
+            "session": tr.session[ses],
+            "turn": tr.turn[ses],
+            "attempt": tr.attempt[ses],
+            "parent": tr.parent[ses],
+            "added_tokens": tr.added[ses],
+            "received_us": tr.received_us[ses],
+            "prompt": tr.prompt[ses],
+            "tenant": tr.tenant[ses],
+        }
+    )
+    # The answered attempt of each turn is its last one (earlier attempts were refused).
+    answered = df.group_by(["session", "turn"]).agg(
+        pl.col("i").sort_by("attempt").last().alias("p")
+    )
+    df = df.join(answered.rename({"turn": "parent"}), on=["session", "parent"], how="left").sort(
+        ["session", "turn", "attempt"]
+    )
+    pl.DataFrame(
+        {
+            "request_id": rid.gather(df["i"]),
+            "tenant_id": tenant_ids.gather(df["tenant"]),
+            "profile": profiles.gather(df["tenant"]),
+            "session": df["session"],
+            "turn": df["turn"],
+            "attempt": df["attempt"],
+            "parent_request_id": rid.gather(df["p"]),  # null index: no parent
+            "added_tokens": df["added_tokens"],
+        }
+    ).write_csv(out / "truth" / "sessions.csv")
+
+    # Sessions that grow across the undersized prefill's limit: a turn below it, a later one
+    # at or above it.
+    limit = max_req_input_len(SMALL_PREFILL_POOL, cfg.context_length)
+    per = df.group_by("session").agg(
+        pl.col("tenant").first(),
+        pl.col("received_us").filter(pl.col("prompt") < limit).min().alias("below"),
+        pl.col("received_us").filter(pl.col("prompt") >= limit).max().alias("over"),
+    )
+    crossing = per.filter(pl.col("over") > pl.col("below"))
+    sess_summary = {}
+    for profile, st in sorted(session_stats.items()):
+        in_profile = crossing.filter(profiles.gather(crossing["tenant"]) == profile)
+        sess_summary[profile] = {**st, "crossing_limit": in_profile.height}
+
+    phase = np.flatnonzero(tr.phase > 0)
+    phase = phase[np.lexsort((tr.received_us[phase], tr.tenant[phase]))]
+    pl.DataFrame(
+        {
+            "request_id": rid.gather(phase),
+            "tenant_id": tenant_ids.gather(tr.tenant[phase]),
+            "strategy": pl.Series(
+                [strategy[t] for t in tr.tenant[phase].tolist()], dtype=pl.String
+            ),
+            "phase": pl.Series(tr.phase[phase]).replace_strict(
+                [1, 2], ["probe", "exploit"], return_dtype=pl.String
+            ),
+        }
+    ).write_csv(out / "truth" / "probes.csv")
+    victim = pl_.outcome == fleet.VICTIM
+    prober_summary: dict[str, list[dict]] = {}
+    for st in prober_stats:
+        mine = tr.tenant == st.tenant
+        prober_summary.setdefault(st.strategy, []).append(
+            {
+                "tenant_id": tenants.ids[st.tenant],
+                "requests": st.requests,
+                "probes": st.probes,
+                "exploits": st.exploits,
+                "affected": int((victim & mine & (tr.phase > 0)).sum()),
+                "ordinary_requests": int((mine & (tr.phase == 0)).sum()),
+            }
+        )
+    long_tenants = [i for i, p in enumerate(tenants.profiles) if p in traffic.LONG_PROFILES]
+    counts: dict[str, int] = {}
+    for p in tenants.profiles:
+        counts[p] = counts.get(p, 0) + 1
+    return {
+        "profiles": dict(sorted(counts.items())),
+        "deliberate_tenants": sum(deliberate),
+        "sessions": sess_summary,
+        "probers": prober_summary,
+        "long_context_requests": int(np.isin(tr.tenant, long_tenants).sum()),
+    }
 
 
 def _manifest(cfg: SimConfig, seed: int, requests: int, evidence) -> str:

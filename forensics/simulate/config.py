@@ -19,6 +19,29 @@ ENGINE_VERSION_AFTER = "0.5.14.post2"
 
 US = 1_000_000  # microseconds per second: every simulated instant is an integer of these
 
+# How a deliberate prober looks for the limit (forensics.simulate.probers implements each).
+PROBER_STRATEGIES = ("binary_search", "sweep", "repeat", "slow")
+
+
+def parse_probers(value) -> tuple[str, ...]:
+    """Prober strategies from a comma-separated string or a sequence of names.
+
+    >>> parse_probers("sweep, repeat")
+    ('sweep', 'repeat')
+    >>> parse_probers("bisect")
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown prober strategy 'bisect' (choose from: binary_search, sweep, repeat, slow)
+    """
+    names = value.split(",") if isinstance(value, str) else list(value)
+    out = tuple(str(n).strip() for n in names if str(n).strip())
+    for name in out:
+        if name not in PROBER_STRATEGIES:
+            raise ValueError(
+                f"unknown prober strategy {name!r} (choose from: {', '.join(PROBER_STRATEGIES)})"
+            )
+    return out
+
 
 def max_req_input_len(pool_tokens: int, context_length: int) -> int:
     """The engine's input limit for a pool: ``min(context_length - 1, pool - 1) - 5``.
@@ -54,10 +77,17 @@ class SimConfig:
     patch_at: datetime = datetime(2026, 9, 9, 19, 40, tzinfo=UTC)
     report_at: datetime = datetime(2026, 9, 8, 14, 2, tzinfo=UTC)
     snapshot_every_hours: float = 6.0
-    # Traffic.
+    # Traffic. Customer tenants are short-prompt (chat, code, rag) or long-context (agentic,
+    # longctx, docqa); the long-context ones send their requests in sessions (see traffic).
     tenants: int = 120
-    agentic_share: float = 0.10  # fraction of customer tenants doing agentic coding
-    long_prompt_fraction: float = 0.0025  # of customer requests: 650K-1.06M token prompts
+    agentic_share: float = 0.04  # fraction of customer tenants running coding agents
+    longctx_share: float = 0.05  # fraction of customer tenants in long-document conversations
+    docqa_tenants: int = 2  # tenants re-asking questions over a few fixed large documents
+    # Fraction of customer requests sent by the long-context tenants (their sessions). It
+    # replaces long_prompt_fraction, the share of independent 650K-1.06M token prompts.
+    long_context_fraction: float = 0.01
+    # Customer tenants probing the limit on purpose, one per entry (see PROBER_STRATEGIES).
+    probers: tuple[str, ...] = ()
     researcher_bursts: int = 6
     researcher_burst_size: tuple[int, int] = (8, 16)
     researcher_start: datetime = datetime(2026, 9, 5, 8, tzinfo=UTC)
@@ -86,10 +116,26 @@ class SimConfig:
             raise ForensicsError("simulate: days must be positive")
         if self.tenants < 3:
             raise ForensicsError("simulate: tenants must be at least 3")
+        for name in ("agentic_share", "longctx_share", "long_context_fraction"):
+            if not 0 <= getattr(self, name) <= 0.5:
+                raise ForensicsError(f"simulate: {name} must be between 0 and 0.5")
+        if self.docqa_tenants < 0:
+            raise ForensicsError("simulate: docqa_tenants must not be negative")
+        try:
+            parse_probers(self.probers)
+        except ValueError as e:
+            raise ForensicsError(f"simulate: {e}") from None
         for pool in self.decode_pools:
             if pool // self.page_size < 2:
                 raise ForensicsError("simulate: a decode pool must hold at least two pages")
         return self
+
+
+# Settings of earlier versions, and what took their place.
+REPLACED = {
+    "long_prompt_fraction": "replaced by long_context_fraction, the share of customer requests "
+    "sent by long-context sessions",
+}
 
 
 def make_config(**overrides) -> SimConfig:
@@ -101,7 +147,9 @@ def make_config(**overrides) -> SimConfig:
     known = {f.name for f in fields(SimConfig)}
     unknown = sorted(set(overrides) - known)
     if unknown:
-        raise ForensicsError(f"simulate: unknown setting(s): {', '.join(unknown)}")
+        hints = [f"{k}: {REPLACED[k]}" for k in unknown if k in REPLACED]
+        hint = f" ({'; '.join(hints)})" if hints else ""
+        raise ForensicsError(f"simulate: unknown setting(s): {', '.join(unknown)}{hint}")
     for key in (
         "start",
         "config_change_at",
@@ -116,4 +164,9 @@ def make_config(**overrides) -> SimConfig:
     for key in ("prefill_pools", "prefill_pools_after", "decode_dp_sizes", "decode_pools"):
         if key in overrides:
             overrides[key] = tuple(int(v) for v in overrides[key])
+    if "probers" in overrides:
+        try:
+            overrides["probers"] = parse_probers(overrides["probers"])
+        except ValueError as e:
+            raise ForensicsError(f"simulate: {e}") from None
     return replace(SimConfig(), **overrides).validate()

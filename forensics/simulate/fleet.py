@@ -12,6 +12,10 @@ Outcomes follow the engine exactly (see DESIGN.md section 1):
 - anything else: a normal request.
 
 ``threshold`` is the prefill node's ``max_req_input_len`` in force at arrival.
+
+``ClientView`` is the same rule for one request at a time, as a client that waits for each
+answer sees it (a session's next prompt holds the completion it actually received; a prober
+reads the outcome); ``simulate_case`` checks that it agrees with ``plan`` on every such request.
 """
 
 from __future__ import annotations
@@ -78,6 +82,10 @@ def plan(cfg: SimConfig, tr: Traffic, rng: np.random.Generator) -> Plan:
     n_pre, n_dec = len(cfg.prefill_pools), len(cfg.decode_pools)
     prefill = rng.integers(0, n_pre, size=n)
     decode = rng.integers(0, n_dec, size=n)
+    # Clients that react to answers (sessions, probers) drew their uniform route when they sent
+    # the request, so they could see its outcome; everyone else is routed here.
+    prefill = np.where(tr.route_prefill >= 0, tr.route_prefill, prefill)
+    decode = np.where(tr.route_decode >= 0, tr.route_decode, decode)
     room = rng.integers(0, 2**63 - 1, size=n, dtype=np.int64)
     dp_sizes = np.array(cfg.decode_dp_sizes, dtype=np.int64)
     dp_rank = room % dp_sizes[decode]
@@ -153,3 +161,74 @@ def plan(cfg: SimConfig, tr: Traffic, rng: np.random.Generator) -> Plan:
         hold,
         reply,
     )
+
+
+class ClientView:
+    """One request's code path and completion on a known route, by ``plan``'s rule.
+
+    A client that waits for each answer (a conversation, an agent, a prober) learns from it: an
+    over-limit prompt on a vulnerable prefill node answers at once with foreign content; a
+    refusal returns HTTP 400 and no tokens. Plain Python on scalars (it runs once per such
+    request while the traffic is generated).
+    """
+
+    def __init__(self, cfg: SimConfig):
+        ctx = cfg.context_length
+        self.context_length = ctx
+        self.thr_before = [max_req_input_len(p, ctx) for p in cfg.prefill_pools]
+        self.thr_after = [max_req_input_len(p, ctx) for p in cfg.prefill_pools_after]
+        self.change_us = cfg.us(cfg.config_change_at)
+        self.patch_us = cfg.us(cfg.patch_at)
+        self.decode_pools = list(cfg.decode_pools)
+        self.page_size = cfg.page_size
+        self.n_prefill = len(cfg.prefill_pools)
+        self.n_decode = len(cfg.decode_pools)
+
+    def answer(
+        self, t_us: int, prompt: int, prefill: int, decode: int, completion: int, max_tokens: int
+    ) -> tuple[int, int, int]:
+        """(prompt as sent, outcome, completion tokens received) for one request.
+
+        >>> from forensics.simulate.config import SimConfig
+        >>> view = ClientView(SimConfig())
+        >>> t = SimConfig().us(SimConfig().start)
+        >>> view.answer(t, 700_000, 0, 0, 300, 256) == (700_000, VICTIM, 256)
+        True
+        >>> view.answer(t, 700_000, 3, 0, 300, 256) == (700_000, OK, 256)
+        True
+        >>> view.answer(t, 1_048_576, 3, 0, 300, 256) == (1_048_576, TOKENIZER_400, 0)
+        True
+        """
+        pool = self.decode_pools[decode]
+        if prompt == pool:  # plan() nudges these one token down
+            prompt -= 1
+        thr = (self.thr_after if t_us >= self.change_us else self.thr_before)[prefill]
+        if prompt >= self.context_length:
+            return prompt, TOKENIZER_400, 0
+        if prompt >= thr and t_us >= self.patch_us:
+            return prompt, PREFILL_400, 0
+        if prompt > pool:
+            return prompt, DECODE_400, 0
+        room = (pool // self.page_size) * self.page_size - prompt
+        got = min(completion, max_tokens, room)
+        return prompt, (VICTIM if prompt >= thr else OK), got
+
+    @staticmethod
+    def wait_s(prompt: int, cached: int, received: int, outcome: int) -> float:
+        """How long the client waits for the whole answer, at the slow end of ``plan``'s jitter.
+
+        Queueing is not foreseen (beyond a fraction of a second for prefill; not at all for
+        decode pages, which depends on the whole fleet), so a few answers still arrive after
+        the client's next request.
+        """
+        if outcome not in (OK, VICTIM):
+            return 0.01 + 4e-7 * prompt
+        victim = outcome == VICTIM
+        computed = 1 if victim else prompt - cached
+        sent = 1 if victim else prompt
+        prefill_s = (
+            PREFILL_FIXED_S + PREFILL_LINEAR_S * computed + PREFILL_QUADRATIC_S * computed**2
+        ) * 1.15
+        transfer_s = TRANSFER_FIXED_S + TRANSFER_PER_TOKEN_S * sent * 1.3
+        tpot_s = (TPOT_FIXED_S + TPOT_PER_TOKEN_S * prompt) * 1.2
+        return 0.3 + 4e-7 * prompt + prefill_s + transfer_s + tpot_s * max(received, 1)

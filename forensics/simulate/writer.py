@@ -34,6 +34,9 @@ OWN_PATTERNS = (
     "truth/affected.csv",
     "truth/exposures.csv",
     "truth/summary.json",
+    "truth/tenants.csv",
+    "truth/sessions.csv",
+    "truth/probes.csv",
     "case.toml",
 )
 
