@@ -155,3 +155,55 @@ def evaluate(con: duckdb.DuckDBPyConnection, truth_dir: Path) -> Evaluation:
         notified_sources=told_score,
         candidate_sources=listed_score,
     )
+
+
+@dataclass
+class TenantRating:
+    """One tenant's exploitation rating beside the simulator's truth about it."""
+
+    tenant_id: str
+    profile: str  # chat, code, rag, longctx, agentic, docqa, prober, researcher, internal
+    strategy: str  # the prober strategy, or "" for a tenant that does not probe
+    deliberate: bool
+    level: str  # none, low, medium, high (none when not assessed)
+    reasons: list[str]
+
+    @property
+    def customer(self) -> bool:
+        return self.profile not in ("researcher", "internal")
+
+    @property
+    def wrong(self) -> bool:
+        """A prober not rated high, or a benign customer rated above low."""
+        if self.deliberate:
+            return self.level != "high"
+        return self.customer and self.level not in ("none", "low")
+
+
+def evaluate_exploitation(
+    con: duckdb.DuckDBPyConnection, truth_dir: Path
+) -> tuple[list[TenantRating], dict]:
+    """Every tenant of ``truth_dir/tenants.csv`` with its rating, and the case conclusion."""
+    import json
+
+    rated = {
+        r[0]: (r[1], json.loads(r[2]))
+        for r in con.execute(
+            "SELECT tenant_id, level, reasons FROM findings_exploitation"
+        ).fetchall()
+    }
+    rows = []
+    for t in _read(truth_dir / "tenants.csv"):
+        level, reasons = rated.get(t["tenant_id"], ("none", []))
+        rows.append(
+            TenantRating(
+                t["tenant_id"],
+                t["profile"],
+                t["strategy"],
+                t["deliberate"] == "true",
+                level,
+                reasons,
+            )
+        )
+    value = con.execute("SELECT value FROM findings_case WHERE key = 'exploitation'").fetchone()
+    return rows, json.loads(value[0]) if value else {}

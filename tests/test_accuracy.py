@@ -104,12 +104,6 @@ def test_each_evidence_kind_removed_keeps_recall(loaded_case, tmp_path, removed)
         assert ev.source_tenants.recall == 1.0 or not ev.methods, ev.lines()
 
 
-@pytest.mark.xfail(
-    reason="the simulated long-context customers (truth/tenants.csv: deliberate false) include "
-    "document-QA tenants re-asking over one fixed document; the current assessment scores "
-    "their near-identical over-limit lengths as medium",
-    strict=False,
-)
 def test_exploitation_flags_the_researcher_and_no_customer(loaded_case, tmp_path):
     import json
 
@@ -247,3 +241,25 @@ def test_tenant_labels_on_engine_records_name_the_recipients(loaded_case, tmp_pa
     }
     assert found == truth
     assert ev.exclusions_exact, ev.exclusion_mismatches
+
+
+@pytest.mark.parametrize("seed", [2, 5, 13, 21])
+def test_every_prober_is_high_and_no_benign_customer_above_low(seed, tmp_path):
+    """Realistic long-context customers (real conversation sessions, agents, a document
+    re-asked) next to one prober of each strategy: the assessment must tell them apart."""
+    from forensics.evaluate import evaluate_exploitation
+
+    strategies = ("binary_search", "sweep", "repeat", "slow")
+    folder = tmp_path / "case"
+    simulate_case(folder, requests=30_000, seed=seed, probers=strategies)
+    case = load_case(folder / "case.toml")
+    ingest_case(case)
+    con = connect(case.database)
+    detect_case(con, case)
+    rows, conclusion = evaluate_exploitation(con, folder / "truth")
+    assert [(r.tenant_id, r.profile, r.strategy, r.level) for r in rows if r.wrong] == []
+    probers = [r for r in rows if r.customer and r.deliberate]
+    assert sorted(r.strategy for r in probers) == sorted(strategies)
+    assert f"indicated for {len(probers)} customer tenant(s)" in conclusion["conclusion"]
+    # The realistic heavy users were there to be judged (and none was rated above low).
+    assert {r.profile for r in rows if r.level == "low"} & {"longctx", "agentic", "docqa"}

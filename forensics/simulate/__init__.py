@@ -796,17 +796,19 @@ def _manifest(cfg: SimConfig, seed: int, requests: int, evidence) -> str:
         if a != b
     )
     timeline = [
-        (cfg.report_at, "Report received through the bug bounty programme"),
+        (cfg.report_at, "Report received through the bug bounty programme", False),
         (
             cfg.config_change_at,
             f"Prefill KV pools enlarged on {', '.join(changed) or 'no node'} ({change_text} tokens)"
             if changed
             else "Prefill configuration reviewed (no pool changed)",
+            False,
         ),
         (
             cfg.patch_at,
             f"Engine {ENGINE_VERSION_AFTER} deployed: prompts rejected at prefill "
             "intake are no longer admitted to the PD handoff (HTTP 400)",
+            True,
         ),
     ]
     return writer.case_toml(

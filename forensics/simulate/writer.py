@@ -134,7 +134,7 @@ def case_toml(
     context_length: int,
     evidence: list[tuple[str, str, list[str]]],
     exclusions: list[dict],
-    timeline: list[tuple[datetime, str]],
+    timeline: list[tuple[datetime, str, bool]],
 ) -> str:
     """The case manifest text (DESIGN.md section 4)."""
     lines = [
@@ -181,13 +181,10 @@ def case_toml(
         if ex.get("user_agent_regex"):
             lines.append(f"user_agent_regex = {_toml_str(ex['user_agent_regex'])}")
         lines.append("")
-    for at, event in sorted(timeline):
-        lines += [
-            "[[timeline]]",
-            f"at = {_toml_str(rfc3339(at))}",
-            f"event = {_toml_str(event)}",
-            "",
-        ]
+    for at, event, fix in sorted(timeline):
+        lines += ["[[timeline]]", f"at = {_toml_str(rfc3339(at))}", f"event = {_toml_str(event)}"]
+        # The event that removed the cause: notices and the summary say when it was fixed.
+        lines += ["fix = true", ""] if fix else [""]
     return "\n".join(lines)
 
 
