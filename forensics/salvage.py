@@ -50,7 +50,13 @@ class Damage:
         )
 
     def describe(self) -> str:
-        """One phrase for messages, e.g. ``truncated gzip data after 1,234,567 bytes``."""
+        """One phrase for messages.
+
+        >>> Damage("gzip", True, 1234567, 1234567).describe()
+        'truncated gzip data after 1,234,567 bytes'
+        >>> Damage("zstd", False, 4095, 9808, "Data corruption detected").describe()
+        'corrupt zstd data detected at byte 4,096 of 9,808 (Data corruption detected)'
+        """
         if self.truncated:
             return f"truncated {self.codec} data after {self.offset:,} bytes"
         # Bytes are counted from 1 here, as a hex viewer's offset + 1 or `cmp` would.
