@@ -220,7 +220,7 @@ def _open_jsonl(con, path: Path, compression, tag: str, progress) -> Source:
     source = Source(relation=table, columns={}, row_expr="__kv_row", raw_expr="__kv_line")
     source.cleanup.append(table)
     decoded = _Decoded(path, compression, progress)
-    line_no, tail, first = 0, b"", True
+    line_no, first = 0, True
 
     def insert(data: bytes) -> None:
         nonlocal line_no, first
@@ -249,12 +249,17 @@ def _open_jsonl(con, path: Path, compression, tag: str, progress) -> Source:
         )
         con.unregister(f"{table}_batch")
 
+    # The unfinished last line, in pieces: joined only once its end arrives, so a line that
+    # spans many blocks (damaged data decoding to noise without newlines) costs linear time.
+    pieces: list[bytes] = []
     for block in decoded:
-        data = tail + block
-        cut = data.rfind(b"\n")
-        data, tail = (data[: cut + 1], data[cut + 1 :]) if cut >= 0 else (b"", data)
-        if data:
-            insert(data)
+        cut = block.rfind(b"\n")
+        if cut < 0:
+            pieces.append(block)
+            continue
+        insert(b"".join([*pieces, block[: cut + 1]]) if pieces else block[: cut + 1])
+        pieces = [block[cut + 1 :]]
+    tail = b"".join(pieces)
     damage = decoded.damage
     if damage is not None:
         # The last line stops where the data does: it is no row, but it was read, so it is
@@ -473,10 +478,11 @@ def _read_csv(
         # j-th bad row, so a good row g lies after every bad row with k_j < g.
         numbers = sorted(b[0] for b in bad)
         shift = f"__kv_shift_{tag}"
-        con.execute(f"CREATE TEMP TABLE {shift} (k BIGINT, j BIGINT)")
-        con.executemany(
-            f"INSERT INTO {shift} VALUES (?, ?)",
-            [(b - j, j) for j, b in enumerate(numbers, start=1)],
+        # One statement over parallel lists: executemany costs about a millisecond a row.
+        con.execute(
+            f"CREATE TEMP TABLE {shift} AS "
+            "SELECT unnest(?::BIGINT[]) AS k, unnest(?::BIGINT[]) AS j",
+            [[b - j for j, b in enumerate(numbers, start=1)], list(range(1, len(numbers) + 1))],
         )
         source.cleanup.append(shift)
         source.relation = (

@@ -185,54 +185,63 @@ class CompleteRecords:
     """A readable stream of the complete records of a damaged file, for Arrow's CSV reader.
 
     Data is released only up to the last record end seen so far: a newline outside quotes (a
-    quoted value may span lines). When the damage is reached, the held-back rest is the record
-    the damage cut, kept in ``cut`` instead of being read: Arrow would otherwise take a cut
-    value such as ``"acct_12`` for a whole one.
+    quoted value may span lines; quotes are counted as RFC 4180 writes them, a doubled quote
+    inside a quoted value counting twice). When the damage is reached, the held-back rest is
+    the record the damage cut, kept in ``cut`` instead of being read: Arrow would otherwise
+    take a cut value such as ``"acct_12`` for a whole one.
     """
 
     def __init__(self, salvage: Salvage, quote: bytes = b'"'):
         self.salvage = salvage
         self.cut = b""
+        self.closed = False
         self._blocks: Iterator[bytes] | None = iter(salvage)
         self._quote = quote
         self._buf = b""
         self._at = 0
-        self._tail = b""
-        self.closed = False
+        # The held-back data since the last record end, in pieces (joined once a record end
+        # arrives, so noise without newlines costs linear time), and its number of quotes.
+        self._pending: list[bytes] = []
+        self._quotes = 0
 
-    def _complete(self, data: bytes) -> int:
-        """Length of the longest prefix of ``data`` that ends a record (0 when none does).
+    def _record_end(self, block: bytes) -> int:
+        """Length of the longest prefix of ``block`` that ends a record, or -1.
 
-        Released data always ends a record, so ``data`` starts outside quotes, and a newline
-        ends a record when an even number of quotes precedes it (a doubled quote inside a
-        quoted value counts twice).
+        Released data always ends a record, so what is held back starts outside quotes, and a
+        newline ends a record when an even number of quotes precedes it there.
         """
-        end = data.rfind(b"\n")
+        end = block.rfind(b"\n")
         if end < 0:
-            return 0
-        quotes = data.count(self._quote, 0, end)
-        while True:
-            if quotes % 2 == 0:
-                return end + 1
-            before = data.rfind(b"\n", 0, end)
+            return -1
+        quotes = self._quotes + block.count(self._quote, 0, end)
+        while quotes % 2:
+            before = block.rfind(b"\n", 0, end)
             if before < 0:
-                return 0
-            quotes -= data.count(self._quote, before, end)
+                return -1
+            quotes -= block.count(self._quote, before, end)
             end = before
+        return end + 1
 
     def _fill(self) -> None:
         while self._at >= len(self._buf) and self._blocks is not None:
             block = next(self._blocks, None)
             if block is None:
                 self._blocks = None
+                rest = b"".join(self._pending)
+                self._pending, self._quotes = [], 0
                 if self.salvage.damage is None:
-                    self._buf, self._at, self._tail = self._tail, 0, b""
+                    self._buf, self._at = rest, 0
                 else:
-                    self.cut, self._tail = self._tail, b""
+                    self.cut = rest
                 return
-            data = self._tail + block
-            end = self._complete(data)
-            self._buf, self._at, self._tail = data[:end], 0, data[end:]
+            end = self._record_end(block)
+            if end < 0:
+                self._pending.append(block)
+                self._quotes += block.count(self._quote)
+                continue
+            self._buf, self._at = b"".join([*self._pending, block[:end]]), 0
+            self._pending = [block[end:]]
+            self._quotes = block.count(self._quote, end)
 
     def read(self, size: int = -1) -> bytes:
         """Up to ``size`` bytes of complete records (all that is left when negative)."""
