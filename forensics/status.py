@@ -93,7 +93,8 @@ class EvidenceOutcome:
         return None
 
     def sort_key(self) -> tuple:
-        """A total order: path, kind, digest, outcome, entry."""
+        """A total order: path, kind, digest, outcome, entry, then the rest of the record (the
+        same failure may be recorded twice with different words)."""
         return (
             self.path,
             self.kind,
@@ -101,6 +102,9 @@ class EvidenceOutcome:
             OUTCOMES.index(self.outcome) if self.outcome in OUTCOMES else len(OUTCOMES),
             self.entry or 0,
             self.evidence_id or 0,
+            self.format,
+            self.reason or "",
+            -1 if self.rows_lost is None else self.rows_lost,
         )
 
 

@@ -739,6 +739,12 @@ def test_run_writes_every_output_then_exits_1_on_incomplete_evidence(tmp_path):
     # its counts may be short, and the notified tenants show why that matters.
     _, notes = read_csv(out / "notifications.csv")
     assert "acct_charlie" not in {n["tenant_id"] for n in notes if n["role"] == "recipient"}
+    # `report` alone renders the same outputs and names the same gaps (ingest is what fails).
+    again = runner.invoke(app, ["report", str(manifest), "--out", str(tmp_path / "again")])
+    assert again.exit_code == 0, again.output
+    assert "incomplete evidence: alloc-*.csv: no file matches this pattern" in again.output
+    assert "incomplete evidence: requests.jsonl.gz: partial (24 rows loaded)" in again.output
+    assert (tmp_path / "again" / "report.md").read_bytes() == (out / "report.md").read_bytes()
 
     # Repaired: the complete file and the allocation log are there, so the run is clean and
     # acct_charlie is back.

@@ -121,6 +121,7 @@ def run(case_path: Path = CASE_ARG, out: Path | None = OUT_OPT, as_of: str | Non
     from forensics.detect import detect_case
     from forensics.ingest import ingest_case
     from forensics.report import write_report
+    from forensics.report.render import plural
     from forensics.scope import scope_case
 
     when = _as_of(as_of)
@@ -148,7 +149,7 @@ def run(case_path: Path = CASE_ARG, out: Path | None = OUT_OPT, as_of: str | Non
         bar.update(task, description="Writing the report")
         result = write_report(con, case, out or case.folder / "report", as_of=when, scope=scope)
     console.print(
-        f"Ingested {len(ingested.files):,} files ({len(ingested.problems):,} problems); "
+        f"Ingested {len(ingested.files):,} files ({plural(len(ingested.problems), 'problem')}); "
         f"detection: {detected.affected:,} affected, {detected.exposures:,} exposures, "
         f"{len(detected.warnings):,} warnings."
     )

@@ -311,7 +311,9 @@ def load_report_data(
         }
         for o in evidence_outcomes(con)
     ]
-    evidence.sort(key=lambda ev: (ev["path"], ev["sha256"] or "", ev["outcome"], ev["entry"] or 0))
+    # Display paths can differ from the recorded ones: sort again, keeping the library's order
+    # among equals (sorted() is stable).
+    evidence.sort(key=lambda ev: (ev["path"], ev["sha256"] or ""))
     incomplete = [
         dict(
             ev,
