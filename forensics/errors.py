@@ -13,4 +13,10 @@ class ManifestError(ForensicsError):
 
 
 class EvidenceError(ForensicsError):
-    """A whole evidence file could not be read (corrupt, truncated, wrong format)."""
+    """A whole evidence file could not be read (corrupt, truncated, wrong format).
+
+    ``sha256`` and ``bytes`` identify the file when it could be read at all.
+    """
+
+    sha256: str | None = None
+    bytes: int | None = None

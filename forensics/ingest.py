@@ -5,6 +5,11 @@ physical type) and cast to its canonical type by a single vectorised DuckDB quer
 missing required value or a value that does not cast go to ``rejects`` with a reason a responder
 can act on, never silently dropped. Each file gets one ``evidence`` row with its sha256, so a
 file already loaded is recognised and skipped.
+
+No evidence goes missing unnoticed: a damaged compressed file loads the rows before its damage
+and is recorded as ``partial`` with what was lost; a file that cannot be loaded at all, and a
+manifest pattern that matches no file, are recorded in ``evidence_failures``.
+:func:`evidence_outcomes` reads both back.
 """
 
 from __future__ import annotations
@@ -24,10 +29,12 @@ from forensics.casts import _SEP, stage_sql
 from forensics.errors import EvidenceError, ForensicsError
 from forensics.readers import Source, open_source, sql_ident, sql_str
 from forensics.status import (  # re-exported: the status API belongs to ingest's public face
+    EvidenceOutcome,
     EvidenceRow,
     KindSpan,
     RejectGroup,
     StatusReport,
+    evidence_outcomes,
     evidence_status,
 )
 
@@ -43,6 +50,7 @@ SUPPORTED_FORMATS = ("canonical", "auto")
 _tags = itertools.count(1)
 
 __all__ = [
+    "EvidenceOutcome",
     "EvidenceRow",
     "FileFailure",
     "FileResult",
@@ -50,6 +58,7 @@ __all__ = [
     "KindSpan",
     "RejectGroup",
     "StatusReport",
+    "evidence_outcomes",
     "evidence_status",
     "ingest_case",
     "ingest_file",
@@ -59,7 +68,13 @@ __all__ = [
 
 @dataclass
 class FileResult:
-    """What happened to one evidence file."""
+    """What happened to one evidence file.
+
+    ``outcome`` is ``loaded`` (every row read) or ``partial`` (a damaged compressed file: the
+    rows before the damage were read; ``problem`` says what was lost, ``rows_lost`` how many
+    rows, None when unknown). ``replaced`` lists the sha256 of earlier partial loads of the same
+    path that this complete load replaced.
+    """
 
     path: str
     sha256: str
@@ -73,18 +88,68 @@ class FileResult:
     last_at: datetime | None
     skipped: bool
     evidence_id: int
+    outcome: str = "loaded"
+    problem: str | None = None
+    rows_lost: int | None = 0
+    replaced: list[str] = field(default_factory=list)
+
+    def as_outcome(self) -> EvidenceOutcome:
+        """This file as an :class:`EvidenceOutcome`."""
+        return EvidenceOutcome(
+            path=self.path,
+            kind=self.kind,
+            format=self.format,
+            outcome=self.outcome,
+            reason=self.problem,
+            rows_lost=self.rows_lost if self.outcome != "loaded" else 0,
+            sha256=self.sha256,
+            bytes=self.bytes,
+            rows_read=self.rows_read,
+            rows_loaded=self.rows_loaded,
+            rows_rejected=self.rows_rejected,
+            first_at=self.first_at,
+            last_at=self.last_at,
+            evidence_id=self.evidence_id,
+        )
 
 
 @dataclass
 class FileFailure:
-    """A file that could not be loaded at all; ``message`` is one line without the path."""
+    """A file that could not be loaded at all, or a pattern that matched no file.
+
+    ``message`` is one line without the path. ``outcome`` is ``failed`` (a file) or
+    ``missing`` (a pattern); ``entry`` is the [[evidence]] number when it comes from a case
+    manifest; ``sha256`` and ``bytes`` are known when the file could be read; ``rows_lost``
+    when the file says how many rows it holds (a Parquet footer), else None.
+    """
 
     path: str
     kind: str
     message: str
+    format: str = "canonical"
+    entry: int | None = None
+    outcome: str = "failed"
+    sha256: str | None = None
+    bytes: int | None = None
+    rows_lost: int | None = None
+    file: str | None = None  # the resolved path of a failed file
 
     def __str__(self) -> str:
         return f"{self.path}: {self.message}"
+
+    def as_outcome(self) -> EvidenceOutcome:
+        """This failure as an :class:`EvidenceOutcome`."""
+        return EvidenceOutcome(
+            path=self.path,
+            kind=self.kind,
+            format=self.format,
+            outcome=self.outcome,
+            reason=self.message,
+            rows_lost=self.rows_lost,
+            sha256=self.sha256,
+            bytes=self.bytes,
+            entry=self.entry,
+        )
 
 
 @dataclass
@@ -96,12 +161,26 @@ class IngestResult:
 
     @property
     def errors(self) -> list[str]:
-        """One line per failed file, naming the file."""
+        """One line per failed file or pattern that matched nothing, naming it."""
         return [str(f) for f in self.failures]
 
     @property
+    def outcomes(self) -> list[EvidenceOutcome]:
+        """Every file and pattern of this ingest with its outcome, in a stable order."""
+        found = [f.as_outcome() for f in self.files] + [f.as_outcome() for f in self.failures]
+        return sorted(found, key=EvidenceOutcome.sort_key)
+
+    @property
+    def problems(self) -> list[str]:
+        """One line per file or pattern whose evidence did not load whole: partial files
+        (already loaded ones included: they are still partial), failed files, patterns that
+        matched nothing."""
+        return [o.problem_line for o in self.outcomes if o.outcome != "loaded"]
+
+    @property
     def ok(self) -> bool:
-        return not self.failures
+        """Every file loaded whole and every pattern matched."""
+        return not self.failures and all(f.outcome == "loaded" for f in self.files)
 
     @property
     def rows_read(self) -> int:
@@ -122,6 +201,19 @@ class IngestResult:
     @property
     def files_skipped(self) -> int:
         return sum(1 for f in self.files if f.skipped)
+
+    @property
+    def files_partial(self) -> int:
+        """Files (loaded now or before) that hold only the rows before a damage."""
+        return sum(1 for f in self.files if f.outcome == "partial")
+
+    @property
+    def files_failed(self) -> int:
+        return sum(1 for f in self.failures if f.outcome == "failed")
+
+    @property
+    def patterns_missing(self) -> int:
+        return sum(1 for f in self.failures if f.outcome == "missing")
 
 
 # --- validation helpers ---------------------------------------------------------------------
@@ -171,7 +263,7 @@ def file_sha256(path: Path) -> tuple[str, int]:
 def _existing(con: duckdb.DuckDBPyConnection, sha: str) -> tuple | None:
     return con.execute(
         "SELECT evidence_id, path, bytes, kind, format, rows_read, rows_loaded, rows_rejected, "
-        "first_at, last_at FROM evidence WHERE sha256 = ?",
+        "first_at, last_at, outcome, problem, rows_lost FROM evidence WHERE sha256 = ?",
         [sha],
     ).fetchone()
 
@@ -226,7 +318,9 @@ def ingest_file(
 
     Returns:
         The file's result; ``skipped`` is True when a file with the same sha256 was already
-        loaded (nothing is written then).
+        loaded (nothing is written then). A damaged compressed JSON Lines or CSV file loads
+        the rows before the damage, with outcome ``partial``; a complete load of a path that
+        was loaded partially before replaces that partial load (``replaced``).
 
     Raises:
         EvidenceError: the whole file could not be loaded (the message starts with its name);
@@ -254,10 +348,14 @@ def ingest_file(
     seen = _existing(con, sha)
     if seen is not None:
         if seen[3] != kind:
-            raise EvidenceError(
+            error = EvidenceError(
                 f"{label}: the same file (sha256 {sha[:12]}) is already loaded as kind "
                 f"{seen[3]} from {seen[1]}"
             )
+            error.sha256, error.bytes = sha, size
+            raise error
+        # Already loaded: its outcome stands (a partial file stays partial until a complete
+        # copy of it is loaded).
         return FileResult(
             label,
             sha,
@@ -271,6 +369,9 @@ def ingest_file(
             seen[9],
             skipped=True,
             evidence_id=seen[0],
+            outcome=seen[10] or "loaded",
+            problem=seen[11],
+            rows_lost=seen[12],
         )
 
     def report(done: int, total: int) -> None:
@@ -310,8 +411,11 @@ def ingest_file(
         con.execute("ROLLBACK")
         if source is not None:
             source.close(con)
-        if isinstance(exc, EvidenceError) and not str(exc).startswith(f"{label}: "):
-            raise EvidenceError(f"{label}: {exc}") from None
+        if isinstance(exc, EvidenceError):
+            error = exc if str(exc).startswith(f"{label}: ") else EvidenceError(f"{label}: {exc}")
+            # Which file failed, exactly: its digest goes into the record of the failure.
+            error.sha256, error.bytes = sha, size
+            raise error from None
         raise
     report(size, size)
     return result
@@ -372,9 +476,13 @@ def _load(
             f"{total} rows read but {loaded} loaded and {rejected} rejected; nothing was kept"
         )
     if source.early_rejects:
-        con.executemany(
-            "INSERT INTO rejects VALUES (?, ?, ?, ?, ?, ?)",
-            [(eid, label, row, col, reason, raw) for row, col, reason, raw in source.early_rejects],
+        # One statement over parallel lists: executemany costs about a millisecond a row, and
+        # a damaged CSV file can hold many thousands of malformed rows.
+        rows, cols, reasons, raws = (list(v) for v in zip(*source.early_rejects, strict=True))
+        con.execute(
+            "INSERT INTO rejects SELECT ?, ?, unnest(?::BIGINT[]), unnest(?::VARCHAR[]), "
+            "unnest(?::VARCHAR[]), unnest(?::VARCHAR[])",
+            [eid, label, rows, cols, reasons, raws],
         )
     rejected += len(source.early_rejects)
     first_at = last_at = None
@@ -385,10 +493,30 @@ def _load(
             f"WHERE evidence_id = {eid}"
         ).fetchone()
     read = loaded + rejected
+    outcome = "partial" if source.problem else "loaded"
+    rows_lost = source.rows_lost if source.problem else 0
     con.execute(
-        "INSERT INTO evidence VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, current_timestamp)",
-        [eid, label, sha, size, kind, fmt, read, loaded, rejected, first_at, last_at],
+        "INSERT INTO evidence (evidence_id, path, sha256, bytes, kind, format, rows_read, "
+        "rows_loaded, rows_rejected, first_at, last_at, loaded_at, outcome, problem, rows_lost) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, current_timestamp, ?, ?, ?)",
+        [
+            eid,
+            label,
+            sha,
+            size,
+            kind,
+            fmt,
+            read,
+            loaded,
+            rejected,
+            first_at,
+            last_at,
+            outcome,
+            source.problem,
+            rows_lost,
+        ],
     )
+    replaced = _replace_partial(con, label, kind, eid) if outcome == "loaded" else []
     return FileResult(
         label,
         sha,
@@ -402,7 +530,30 @@ def _load(
         last_at,
         skipped=False,
         evidence_id=eid,
+        outcome=outcome,
+        problem=source.problem,
+        rows_lost=rows_lost,
+        replaced=replaced,
     )
+
+
+def _replace_partial(con: duckdb.DuckDBPyConnection, label: str, kind: str, eid: int) -> list[str]:
+    """Drop earlier partial loads of the path ``label`` now loaded whole as ``eid``.
+
+    A partial load holds the rows before a damage; once a complete copy of the same file is
+    loaded, keeping both would count those rows twice and keep reporting a loss that has been
+    repaired. Returns the sha256 of each load dropped.
+    """
+    old = con.execute(
+        "SELECT evidence_id, sha256 FROM evidence WHERE path = ? AND kind = ? "
+        "AND outcome = 'partial' AND evidence_id <> ? ORDER BY evidence_id",
+        [label, kind, eid],
+    ).fetchall()
+    for old_id, _ in old:
+        con.execute(f"DELETE FROM {kind} WHERE evidence_id = ?", [old_id])
+        con.execute("DELETE FROM rejects WHERE evidence_id = ?", [old_id])
+        con.execute("DELETE FROM evidence WHERE evidence_id = ?", [old_id])
+    return [sha for _, sha in old]
 
 
 # --- many files ------------------------------------------------------------------------------
@@ -422,13 +573,29 @@ def _defaults(kind: str, entry: Any) -> dict[str, Any]:
     return {k: v for k, v in given.items() if v is not None and k in names}
 
 
+def _rows_in(path: Path) -> int | None:
+    """How many rows a file says it holds without reading them (a Parquet footer), else None."""
+    from forensics.readers import detect_type
+
+    try:
+        if detect_type(path) != ("parquet", None):
+            return None
+        import pyarrow.parquet as pq
+
+        return pq.read_metadata(path).num_rows
+    except Exception:  # noqa: BLE001 - a damaged footer just means the count is unknown
+        return None
+
+
 def _load_all(
     con: duckdb.DuckDBPyConnection,
     jobs: Iterable[tuple[Path, str, str, str, dict[str, Any], str]],
     result: IngestResult,
     progress: Progress | None,
+    entry: int | None = None,
 ) -> None:
     for path, kind, fmt, tz, defaults, label in jobs:
+        resolved = str(path.resolve())
         try:
             result.files.append(
                 ingest_file(
@@ -445,39 +612,116 @@ def _load_all(
         except ForensicsError as exc:
             message = str(exc)
             message = message.removeprefix(f"{label}: ")
-            result.failures.append(FileFailure(label, kind, message))
+            # A decoder may quote the damaged bytes; the message stays one printable line.
+            message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+            result.failures.append(
+                FileFailure(
+                    label,
+                    kind,
+                    message,
+                    format=fmt,
+                    entry=entry,
+                    sha256=getattr(exc, "sha256", None),
+                    bytes=getattr(exc, "bytes", None),
+                    rows_lost=_rows_in(path),
+                    file=resolved,
+                )
+            )
+        else:
+            # The file is in the database now: a failure recorded for it earlier is history.
+            con.execute("DELETE FROM evidence_failures WHERE file = ?", [resolved])
+
+
+def _record_failures(
+    con: duckdb.DuckDBPyConnection,
+    source: str,
+    failures: list[FileFailure],
+    paths: Iterable[str] | None = None,
+) -> None:
+    """Store ``failures`` as the current ones of ``source`` in ``evidence_failures``.
+
+    With ``paths`` None every earlier row of ``source`` is replaced (a manifest ingest states
+    the whole manifest); otherwise only the rows of those paths are (loading files by name
+    speaks only for the files it was given).
+    """
+    con.execute("BEGIN TRANSACTION")
+    try:
+        if paths is None:
+            con.execute("DELETE FROM evidence_failures WHERE source = ?", [source])
+        else:
+            for path in dict.fromkeys(paths):
+                con.execute(
+                    "DELETE FROM evidence_failures WHERE source = ? AND path = ?", [source, path]
+                )
+        if failures:
+            con.executemany(
+                "INSERT INTO evidence_failures (source, entry, path, file, kind, format, outcome, "
+                "reason, sha256, bytes, rows_lost) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        source,
+                        f.entry,
+                        f.path,
+                        f.file,
+                        f.kind,
+                        f.format,
+                        f.outcome,
+                        f.message,
+                        f.sha256,
+                        f.bytes,
+                        f.rows_lost,
+                    )
+                    for f in failures
+                ],
+            )
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
 
 
 def ingest_case(case: Case, progress: Progress | None = None) -> IngestResult:
     """Load every file of every [[evidence]] entry of a case into ``case.database``.
 
-    A file that cannot be loaded at all (missing, truncated, not the format its name says) is
-    recorded in ``IngestResult.failures`` and the other files still load; so is a glob that
-    matches nothing, since missing evidence must not pass unnoticed.
+    A file that cannot be loaded at all (missing, unreadable, not the format its name says) is
+    recorded in ``IngestResult.failures`` and the other files still load; so is each pattern
+    that matches nothing, since missing evidence must not pass unnoticed. A damaged compressed
+    file loads the rows before its damage and is ``partial``. The failures are stored in
+    ``evidence_failures`` as the manifest's current state: one fixed since the last ingest
+    disappears, and a file already loaded keeps the outcome recorded when it was loaded.
     """
+    from dataclasses import replace
+
     from forensics.db import connect
 
     result = IngestResult()
     con = connect(case.database)
     try:
         for i, entry in enumerate(case.evidence, start=1):
-            files = entry.files()
-            if not files:
-                for pattern in entry.paths:
+            files: list[Path] = []
+            # Pattern by pattern: one that matches nothing is missing evidence even when the
+            # entry's other patterns match.
+            for pattern in entry.paths:
+                found = replace(entry, paths=(pattern,)).files()
+                if not found:
                     result.failures.append(
                         FileFailure(
                             _label(Path(pattern), case.folder),
                             entry.kind,
-                            f"no file matches this pattern ([[evidence]] #{i})",
+                            f"no file matches this pattern ([[evidence]] #{i}, kind {entry.kind})",
+                            format=entry.format,
+                            entry=i,
+                            outcome="missing",
                         )
                     )
-                continue
+                files += found
             defaults = _defaults(entry.kind, entry)
             jobs = [
                 (f, entry.kind, entry.format, case.timezone, defaults, _label(f, case.folder))
-                for f in files
+                for f in dict.fromkeys(files)
             ]
-            _load_all(con, jobs, result, progress)
+            _load_all(con, jobs, result, progress, entry=i)
+        _record_failures(con, "manifest", result.failures)
     finally:
         con.close()
     return result
@@ -493,6 +737,9 @@ def ingest_paths(
 ) -> IngestResult:
     """Load files (or globs) of one kind into the case database at ``db_path``.
 
+    Failures (files that could not be loaded, patterns that matched nothing) are returned and
+    stored in ``evidence_failures``, replacing what was recorded before for the same paths.
+
     Raises:
         ForensicsError: a bad kind, format name or time zone (before anything is loaded).
     """
@@ -507,12 +754,18 @@ def ingest_paths(
     for pattern in (str(p) for p in paths):
         found = Evidence(kind=kind, format=fmt, paths=(pattern,)).files()
         if not found:
-            result.failures.append(FileFailure(pattern, kind, "no file matches this pattern"))
+            result.failures.append(
+                FileFailure(
+                    pattern, kind, "no file matches this pattern", format=fmt, outcome="missing"
+                )
+            )
         files += found
     files = list(dict.fromkeys(files))
     con = connect(db_path)
     try:
         _load_all(con, [(f, kind, fmt, timezone, {}, str(f)) for f in files], result, progress)
+        tried = [str(f) for f in files] + [f.path for f in result.failures]
+        _record_failures(con, "files", result.failures, tried)
     finally:
         con.close()
     return result

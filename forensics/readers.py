@@ -7,7 +7,9 @@ query. Readers also give each row its provenance (``source_row``) and, for rows 
 bad, an SQL expression of the row's raw text.
 
 Decompression (``.gz``, ``.zst``) and line splitting run in Arrow's C++ code in large blocks,
-so Python never touches individual values.
+so Python never touches individual values. A compressed JSON Lines or CSV file that turns out
+truncated or corrupt is salvaged (:mod:`forensics.salvage`): every complete row before the
+damage loads, the row the damage cut is rejected, and the source says what was lost.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from forensics.errors import EvidenceError
+from forensics.salvage import CompleteRecords, Damage, Salvage
 
 if TYPE_CHECKING:
     import duckdb
@@ -80,6 +83,10 @@ class Source:
         early_rejects: rows rejected while parsing the file (CSV rows with the wrong number of
             fields) as (source_row, column, reason, raw).
         empty: the file holds no data at all (no header, no lines).
+        problem: why only part of the file could be read (a damaged compressed file), saying
+            which rows are lost; None when the whole file was read.
+        rows_lost: how many rows that damage lost, None when unknown (a cut file does not
+            say how much it held).
     """
 
     relation: str
@@ -90,6 +97,8 @@ class Source:
     extra_keys: Callable[[set[str]], str | None] = lambda known: None
     early_rejects: list[tuple[int, str | None, str, str]] = field(default_factory=list)
     empty: bool = False
+    problem: str | None = None
+    rows_lost: int | None = None
     cleanup: list[str] = field(default_factory=list, repr=False)  # temp tables to drop
     temp_files: list[str] = field(default_factory=list, repr=False)
 
@@ -112,6 +121,67 @@ def _stream(path: Path, compression: str | None) -> tuple[Any, Any]:
     if compression is None:
         return raw, raw
     return pa.CompressedInputStream(raw, compression), raw
+
+
+CUT_REASON = "line cut by the damage"
+
+
+def _lost(damage: Damage, unit: str, complete: int) -> str:
+    """The ``problem`` of a salvaged file: its damage and the last row that survived it.
+
+    A cut file does not say how much more it held, hence "any rows after".
+    """
+    text = damage.describe()
+    if damage.checksum:
+        text += ", so the rows read before it may hold damaged values"
+    if complete == 0:
+        return f"{text}: no {unit} before the damage is complete, every row is lost"
+    return f"{text}: any rows after {unit} {complete:,} are lost"
+
+
+class _Decoded:
+    """The decompressed blocks of a file: Arrow's fast path, and salvage after an error.
+
+    Healthy files are decompressed once, by Arrow. When Arrow stops with an error, the file is
+    decoded again by :class:`~forensics.salvage.Salvage` from where Arrow's last good block
+    ended, so the bytes before the damage are kept; ``damage`` then says where it is.
+    """
+
+    def __init__(self, path: Path, compression: str | None, progress: ByteProgress | None):
+        self.path, self.compression, self.progress = path, compression, progress
+        self.damage: Damage | None = None
+
+    def __iter__(self):
+        import pyarrow as pa
+
+        total = self.path.stat().st_size
+        stream, raw = _stream(self.path, self.compression)
+        done = 0
+        try:
+            while True:
+                try:
+                    block = stream.read(_BLOCK)
+                except (OSError, pa.ArrowException) as exc:
+                    if self.compression is None:
+                        raise _decompress_error(self.path, None, exc) from None
+                    break
+                if not block:
+                    return
+                done += len(block)
+                yield block
+                if self.progress:
+                    self.progress(raw.tell(), total)
+        finally:
+            stream.close()
+        salvage = Salvage(self.path, self.compression, skip=done)
+        try:
+            for block in salvage:
+                yield block
+                if self.progress:
+                    self.progress(salvage.tell(), total)
+        except OSError as exc:
+            raise EvidenceError(f"cannot read the file ({exc.strerror or exc})") from None
+        self.damage = salvage.damage
 
 
 def _decompress_error(path: Path, compression: str | None, exc: Exception) -> EvidenceError:
@@ -149,53 +219,62 @@ def _open_jsonl(con, path: Path, compression, tag: str, progress) -> Source:
     con.execute(f"CREATE TEMP TABLE {table} (__kv_row BIGINT, __kv_line VARCHAR)")
     source = Source(relation=table, columns={}, row_expr="__kv_row", raw_expr="__kv_line")
     source.cleanup.append(table)
-    total = path.stat().st_size
-    stream, raw = _stream(path, compression)
-    line_no, tail, first = 0, b"", True
-    try:
-        while True:
-            try:
-                block = stream.read(_BLOCK)
-            except (OSError, pa.ArrowException) as exc:
-                raise _decompress_error(path, compression, exc) from None
-            if not block and not tail:
-                break
-            data = tail + block
-            if block:
-                cut = data.rfind(b"\n")
-                data, tail = (data[: cut + 1], data[cut + 1 :]) if cut >= 0 else (b"", data)
-            else:
-                tail = b""
-            if not data:
-                continue
-            # Invalid UTF-8 is replaced rather than failing the file: the line still counts and
-            # usually still parses; its raw text keeps the replacement characters.
-            text = data.decode("utf-8", errors="replace")
+    decoded = _Decoded(path, compression, progress)
+    line_no, first = 0, True
+
+    def insert(data: bytes) -> None:
+        nonlocal line_no, first
+        # Invalid UTF-8 is replaced rather than failing the file: the line still counts and
+        # usually still parses; its raw text keeps the replacement characters.
+        text = data.decode("utf-8", errors="replace")
+        if first:
+            text, first = text.removeprefix("\ufeff"), False
+        lines = text.split("\n")
+        if text.endswith("\n"):
+            lines.pop()
+        batch = pa.table(
+            {
+                "__kv_row": pa.array(range(line_no + 1, line_no + len(lines) + 1), pa.int64()),
+                "__kv_line": pa.array(lines, pa.string()),
+            }
+        )
+        line_no += len(lines)
+        con.register(f"{table}_batch", batch)
+        # Blank lines are not rows, but they keep their place in the line numbering. (A
+        # regular expression and a suffix test are 30x faster than trim() over long lines.)
+        con.execute(
+            f"INSERT INTO {table} SELECT __kv_row, CASE WHEN suffix(__kv_line, chr(13)) "
+            f"THEN rtrim(__kv_line, chr(13)) ELSE __kv_line END "
+            f"FROM {table}_batch WHERE NOT regexp_full_match(__kv_line, '[ \\t\\r]*')"
+        )
+        con.unregister(f"{table}_batch")
+
+    # The unfinished last line, in pieces: joined only once its end arrives, so a line that
+    # spans many blocks (damaged data decoding to noise without newlines) costs linear time.
+    pieces: list[bytes] = []
+    for block in decoded:
+        cut = block.rfind(b"\n")
+        if cut < 0:
+            pieces.append(block)
+            continue
+        insert(b"".join([*pieces, block[: cut + 1]]) if pieces else block[: cut + 1])
+        pieces = [block[cut + 1 :]]
+    tail = b"".join(pieces)
+    damage = decoded.damage
+    if damage is not None:
+        # The last line stops where the data does: it is no row, but it was read, so it is
+        # counted and kept (as a reject) rather than dropped.
+        if tail.strip(b" \t\r"):
+            raw_line = tail.decode("utf-8", errors="replace")
             if first:
-                text, first = text.removeprefix("\ufeff"), False
-            lines = text.split("\n")
-            if text.endswith("\n"):
-                lines.pop()
-            batch = pa.table(
-                {
-                    "__kv_row": pa.array(range(line_no + 1, line_no + len(lines) + 1), pa.int64()),
-                    "__kv_line": pa.array(lines, pa.string()),
-                }
-            )
-            line_no += len(lines)
-            con.register(f"{table}_batch", batch)
-            # Blank lines are not rows, but they keep their place in the line numbering. (A
-            # regular expression and a suffix test are 30x faster than trim() over long lines.)
-            con.execute(
-                f"INSERT INTO {table} SELECT __kv_row, CASE WHEN suffix(__kv_line, chr(13)) "
-                f"THEN rtrim(__kv_line, chr(13)) ELSE __kv_line END "
-                f"FROM {table}_batch WHERE NOT regexp_full_match(__kv_line, '[ \\t\\r]*')"
-            )
-            con.unregister(f"{table}_batch")
-            if progress:
-                progress(raw.tell(), total)
-    finally:
-        stream.close()
+                raw_line = raw_line.removeprefix("\ufeff")
+            reason = f"{CUT_REASON}: {damage.describe()}"
+            source.early_rejects.append((line_no + 1, None, reason, raw_line))
+        source.problem = _lost(damage, "line", line_no)
+    elif tail:
+        # An uncompressed file may end without a newline (or be cut mid-line): its last line
+        # is read as it is, and rejected if it does not parse.
+        insert(tail)
 
     valid, count = con.execute(
         f"SELECT count(*) FILTER (WHERE json_valid(__kv_line)), count(*) FROM {table}"
@@ -204,9 +283,10 @@ def _open_jsonl(con, path: Path, compression, tag: str, progress) -> Source:
         source.empty = True
         return source
     if valid == 0:
+        damaged = f"; {damage.describe()}" if damage else ""
         raise EvidenceError(
             f"not JSON Lines (none of its {count} lines is a JSON value; "
-            "the format needs one JSON object per line)"
+            f"the format needs one JSON object per line{damaged})"
         )
     source.pre_error = (
         "CASE WHEN NOT json_valid(__kv_line) THEN 'not valid JSON' "
@@ -260,6 +340,45 @@ def _open_jsonl(con, path: Path, compression, tag: str, progress) -> Source:
 
 def _open_csv(con, path: Path, compression, tag: str, progress) -> Source:
     import pyarrow as pa
+
+    try:
+        return _read_csv(con, path, tag, progress, lambda: _stream(path, compression))
+    except (OSError, pa.ArrowException) as exc:
+        if compression is None:
+            raise _csv_error(path, compression, exc) from None
+    # Arrow stopped inside a compressed CSV file: damaged data, or a CSV problem. Read it again
+    # through the salvage decoder, which keeps every complete record before any damage and
+    # holds back the record the damage cut. (A healthy file never takes this second pass.)
+    con.execute(f"DROP TABLE IF EXISTS __kv_csv_{tag}")
+    opened: list[CompleteRecords] = []
+
+    def salvaged() -> tuple[Any, Any]:
+        records = CompleteRecords(Salvage(path, compression))
+        opened.append(records)
+        return pa.PythonFile(records, mode="r"), records
+
+    try:
+        return _read_csv(con, path, tag, progress, salvaged, opened)
+    except (OSError, pa.ArrowException) as exc:
+        damage = opened[-1].salvage.damage if opened else None
+        raise _csv_error(path, compression, exc, damage) from None
+
+
+def _read_csv(
+    con,
+    path: Path,
+    tag: str,
+    progress,
+    opener: Callable[[], tuple[Any, Any]],
+    salvaged: list[CompleteRecords] | None = None,
+) -> Source:
+    """Read a CSV file from the streams ``opener`` gives (the data, and what tells progress).
+
+    ``salvaged`` lists the :class:`~forensics.salvage.CompleteRecords` streams ``opener`` made
+    when the file is being salvaged; the last one says where the damage is and what it cut.
+    Arrow's own errors are raised as they are, for the caller to tell damage from bad CSV.
+    """
+    import pyarrow as pa
     import pyarrow.csv as pacsv
 
     table = f"__kv_csv_{tag}"
@@ -273,7 +392,7 @@ def _open_csv(con, path: Path, compression, tag: str, progress) -> Source:
         return "skip"
 
     def reader(names: list[str] | None):
-        stream, raw = _stream(path, compression)
+        stream, raw = opener()
         block = _BLOCK if names is not None else 1 << 20
         convert = None
         if names is not None:
@@ -298,15 +417,20 @@ def _open_csv(con, path: Path, compression, tag: str, progress) -> Source:
         stream.close()
     except (OSError, pa.ArrowException) as exc:
         message = str(exc)
-        if "Empty CSV file" in message:
-            return Source(
-                relation="(SELECT 1 WHERE false)",
-                columns={},
-                row_expr="0",
-                raw_expr="NULL",
-                empty=True,
-            )
-        raise _csv_error(path, compression, exc) from None
+        if "Empty CSV file" not in message:
+            raise
+        damage = salvaged[-1].salvage.damage if salvaged else None
+        if damage is not None:
+            raise EvidenceError(
+                f"{damage.describe()}, before the end of the CSV header: no row can be read"
+            ) from None
+        return Source(
+            relation="(SELECT 1 WHERE false)",
+            columns={},
+            row_expr="0",
+            raw_expr="NULL",
+            empty=True,
+        )
     names = [h.strip().removeprefix("\ufeff").strip() for h in header]
     for name in names:
         if not name:
@@ -320,36 +444,45 @@ def _open_csv(con, path: Path, compression, tag: str, progress) -> Source:
     source = Source(relation=table, columns={}, row_expr="__kv_good", raw_expr="NULL")
     source.cleanup.append(table)
     good = 0
+    csv_reader, stream, raw = reader(header)
     try:
-        csv_reader, stream, raw = reader(header)
-        try:
-            for batch in csv_reader:
-                arrays = [pa.array(range(good + 1, good + batch.num_rows + 1), pa.int64())]
-                arrays += list(batch.columns)
-                good += batch.num_rows
-                con.register(f"{table}_batch", pa.Table.from_arrays(arrays, ["__kv_good", *names]))
-                con.execute(f"INSERT INTO {table} SELECT * FROM {table}_batch")
-                con.unregister(f"{table}_batch")
-                if progress:
-                    progress(raw.tell(), total)
-        finally:
-            stream.close()
-    except (OSError, pa.ArrowException) as exc:
-        raise _csv_error(path, compression, exc) from None
+        for batch in csv_reader:
+            arrays = [pa.array(range(good + 1, good + batch.num_rows + 1), pa.int64())]
+            arrays += list(batch.columns)
+            good += batch.num_rows
+            con.register(f"{table}_batch", pa.Table.from_arrays(arrays, ["__kv_good", *names]))
+            con.execute(f"INSERT INTO {table} SELECT * FROM {table}_batch")
+            con.unregister(f"{table}_batch")
+            if progress:
+                progress(raw.tell(), total)
+    finally:
+        stream.close()
 
     for number, expected, actual, text in bad:
         reason = f"malformed CSV row: expected {expected} fields, found {actual}"
         source.early_rejects.append((number, None, reason, text))
+    damage = salvaged[-1].salvage.damage if salvaged else None
+    if damage is not None:
+        # Records are numbered among data rows, good and malformed alike; the record the
+        # damage cut would have been the next one. It was read, so it is counted as a reject.
+        complete = good + len(bad)
+        cut = salvaged[-1].cut
+        if cut.strip(b" \t\r\n"):
+            raw_cut = cut.decode("utf-8", errors="replace")
+            reason = f"{CUT_REASON}: {damage.describe()}"
+            source.early_rejects.append((complete + 1, None, reason, raw_cut))
+        source.problem = _lost(damage, "data row", complete)
     if bad:
         # Good rows arrive in order with their position among good rows; a skipped bad row
         # shifts every later good row by one. k_j = b_j - j is how many good rows precede the
         # j-th bad row, so a good row g lies after every bad row with k_j < g.
         numbers = sorted(b[0] for b in bad)
         shift = f"__kv_shift_{tag}"
-        con.execute(f"CREATE TEMP TABLE {shift} (k BIGINT, j BIGINT)")
-        con.executemany(
-            f"INSERT INTO {shift} VALUES (?, ?)",
-            [(b - j, j) for j, b in enumerate(numbers, start=1)],
+        # One statement over parallel lists: executemany costs about a millisecond a row.
+        con.execute(
+            f"CREATE TEMP TABLE {shift} AS "
+            "SELECT unnest(?::BIGINT[]) AS k, unnest(?::BIGINT[]) AS j",
+            [[b - j for j, b in enumerate(numbers, start=1)], list(range(1, len(numbers) + 1))],
         )
         source.cleanup.append(shift)
         source.relation = (
@@ -388,46 +521,44 @@ def _open_csv(con, path: Path, compression, tag: str, progress) -> Source:
     return source
 
 
-def _csv_error(path: Path, compression, exc: Exception) -> EvidenceError:
+def _csv_error(
+    path: Path, compression, exc: Exception, damage: Damage | None = None
+) -> EvidenceError:
     text = str(exc)
     if compression and ("compress" in text.lower() or "truncat" in text.lower()):
         return _decompress_error(path, compression, exc)
+    also = f"; the file also has {damage.describe()}" if damage else ""
     if "UTF8" in text or "utf8" in text.lower():
-        return EvidenceError("not valid UTF-8 text, so not a CSV file")
-    return EvidenceError(f"not a readable CSV file ({text.strip().splitlines()[0]})")
+        return EvidenceError(f"not valid UTF-8 text, so not a CSV file{also}")
+    return EvidenceError(f"not a readable CSV file ({text.strip().splitlines()[0]}){also}")
 
 
 # --- Parquet ------------------------------------------------------------------------------
 
 
 def _open_parquet(con, path: Path, compression, tag: str, progress) -> Source:
-    import pyarrow as pa
 
     temp_files: list[str] = []
     target = path
     if compression:
         # Parquet needs random access, so a compressed Parquet file is inflated to disk first.
-        stream, raw = _stream(path, compression)
         fd, name = tempfile.mkstemp(suffix=".parquet", prefix="kv-forensics-")
         temp_files.append(name)
-        total = path.stat().st_size
+        decoded = _Decoded(path, compression, progress)
         try:
             with os.fdopen(fd, "wb") as out:
-                while True:
-                    try:
-                        block = stream.read(_BLOCK)
-                    except (OSError, pa.ArrowException) as exc:
-                        raise _decompress_error(path, compression, exc) from None
-                    if not block:
-                        break
+                for block in decoded:
                     out.write(block)
-                    if progress:
-                        progress(raw.tell(), total)
         except BaseException:
             os.unlink(name)
             raise
-        finally:
-            stream.close()
+        if decoded.damage is not None:
+            os.unlink(name)
+            # Parquet keeps its row index at the end of the file: without it no row can be
+            # found, so a damaged compressed Parquet file cannot be read in part.
+            raise EvidenceError(
+                f"{decoded.damage.describe()}: a Parquet file cannot be read without its end"
+            )
         target = Path(name)
 
     import duckdb

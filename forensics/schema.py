@@ -150,6 +150,31 @@ BOOKKEEPING_DDL = (
   reason VARCHAR NOT NULL,
   raw VARCHAR
 )""",
+    # What became of each loaded file: loaded whole, or partial (a damaged compressed file:
+    # the rows before the damage loaded) with the problem and the rows lost (NULL: unknown).
+    # Added by ALTER so that databases made before these columns get them too (CREATE TABLE IF
+    # NOT EXISTS leaves an existing table as it is); their files loaded whole.
+    "ALTER TABLE evidence ADD COLUMN IF NOT EXISTS outcome VARCHAR DEFAULT 'loaded'",
+    "ALTER TABLE evidence ADD COLUMN IF NOT EXISTS problem VARCHAR",
+    "ALTER TABLE evidence ADD COLUMN IF NOT EXISTS rows_lost BIGINT DEFAULT 0",
+    # Evidence that loaded nothing: files that failed entirely (outcome 'failed') and patterns
+    # that matched no file (outcome 'missing'). ``source`` says which ingest recorded the row:
+    # 'manifest' rows are the state of the case manifest at its last ingest (replaced whole each
+    # time), 'files' rows come from loading files by name. ``entry`` is the [[evidence]] number;
+    # ``file`` the resolved path of a failed file, so that loading it later clears the failure.
+    """CREATE TABLE IF NOT EXISTS evidence_failures (
+  source VARCHAR NOT NULL,
+  entry INTEGER,
+  path VARCHAR NOT NULL,
+  file VARCHAR,
+  kind VARCHAR NOT NULL,
+  format VARCHAR NOT NULL,
+  outcome VARCHAR NOT NULL,
+  reason VARCHAR NOT NULL,
+  sha256 VARCHAR,
+  bytes BIGINT,
+  rows_lost BIGINT
+)""",
 )
 
 

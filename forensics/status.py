@@ -1,8 +1,13 @@
-"""What a case database holds: evidence files, totals, time span per kind, rejects by reason."""
+"""What a case database holds: evidence files, totals, time span per kind, rejects by reason.
+
+:func:`evidence_outcomes` is the one account of what became of every piece of evidence: each
+file loaded whole, loaded in part, or failed, and each manifest pattern that matched nothing.
+``forensics status``, the report and its ``manifest.json`` all read it.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -26,6 +31,81 @@ class EvidenceRow:
     first_at: datetime | None
     last_at: datetime | None
     loaded_at: datetime
+    outcome: str = "loaded"
+    problem: str | None = None
+    rows_lost: int | None = 0
+
+
+# Outcomes, best first: every row loaded; the rows before a damage loaded; nothing loaded; the
+# manifest names a pattern that matched no file.
+OUTCOMES = ("loaded", "partial", "failed", "missing")
+
+
+@dataclass(frozen=True)
+class EvidenceOutcome:
+    """What became of one evidence file, or of a pattern that matched no file.
+
+    Attributes:
+        path: the file as recorded (relative to the case folder for a manifest's files), or
+            the pattern that matched nothing.
+        kind: the evidence kind.
+        format: the evidence format.
+        outcome: ``loaded``, ``partial`` (some rows lost to damage), ``failed`` (nothing
+            loaded) or ``missing`` (a pattern matched no file).
+        reason: why the outcome is not ``loaded``; None when it is.
+        rows_lost: rows lost: 0 when loaded, None when unknown (a cut file does not say how
+            much it held).
+        sha256, bytes: the file's digest and size; None when it could not be read at all.
+        rows_read, rows_loaded, rows_rejected: row counts of a (partly) loaded file; None for
+            failed files and missing patterns.
+        first_at, last_at: the time the loaded rows span.
+        entry: the [[evidence]] entry number, known for failures recorded from a manifest.
+        evidence_id: the ``evidence`` row of a (partly) loaded file.
+    """
+
+    path: str
+    kind: str
+    format: str
+    outcome: str
+    reason: str | None = None
+    rows_lost: int | None = 0
+    sha256: str | None = None
+    bytes: int | None = None
+    rows_read: int | None = None
+    rows_loaded: int | None = None
+    rows_rejected: int | None = None
+    first_at: datetime | None = None
+    last_at: datetime | None = None
+    entry: int | None = None
+    evidence_id: int | None = None
+
+    @property
+    def problem_line(self) -> str | None:
+        """One line naming the file (or pattern) and what went wrong; None when loaded."""
+        if self.outcome == "partial":
+            n = self.rows_loaded or 0
+            rows = f"{n:,} row{'' if n == 1 else 's'} loaded"
+            return f"{self.path}: partial ({rows}): {self.reason}"
+        if self.outcome == "failed":
+            return f"{self.path}: failed: {self.reason}"
+        if self.outcome == "missing":
+            return f"{self.path}: {self.reason}"
+        return None
+
+    def sort_key(self) -> tuple:
+        """A total order: path, kind, digest, outcome, entry, then the rest of the record (the
+        same failure may be recorded twice with different words)."""
+        return (
+            self.path,
+            self.kind,
+            self.sha256 or "",
+            OUTCOMES.index(self.outcome) if self.outcome in OUTCOMES else len(OUTCOMES),
+            self.entry or 0,
+            self.evidence_id or 0,
+            self.format,
+            self.reason or "",
+            -1 if self.rows_lost is None else self.rows_lost,
+        )
 
 
 @dataclass
@@ -57,6 +137,12 @@ class StatusReport:
     files: list[EvidenceRow]
     spans: list[KindSpan]
     rejects: list[RejectGroup]
+    outcomes: list[EvidenceOutcome] = field(default_factory=list)
+
+    @property
+    def problems(self) -> list[EvidenceOutcome]:
+        """Every file or pattern whose outcome is not ``loaded``."""
+        return [o for o in self.outcomes if o.outcome != "loaded"]
 
     @property
     def rows_read(self) -> int:
@@ -75,13 +161,89 @@ class StatusReport:
         return sum(f.bytes for f in self.files)
 
 
+def _columns(con: duckdb.DuckDBPyConnection, table: str) -> set[str]:
+    """The columns of a table of the main database (empty when the table does not exist).
+
+    A database made before the outcome columns existed, opened read-only, has not had them
+    added; readers here fall back to what such a database means (every file loaded whole).
+    """
+    return {
+        r[0]
+        for r in con.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = 'main' AND table_catalog = current_database() "
+            "AND table_name = ?",
+            [table],
+        ).fetchall()
+    }
+
+
+def _outcome_sql(con: duckdb.DuckDBPyConnection) -> str:
+    if "outcome" in _columns(con, "evidence"):
+        return "coalesce(outcome, 'loaded'), problem, rows_lost"
+    return "'loaded', NULL::VARCHAR, 0::BIGINT"
+
+
+def evidence_outcomes(con: duckdb.DuckDBPyConnection) -> list[EvidenceOutcome]:
+    """What became of every piece of evidence the case database knows of, in a stable order.
+
+    Every file in ``evidence`` (``loaded`` or ``partial``) and every row of
+    ``evidence_failures`` (``failed`` files, ``missing`` patterns), sorted on
+    :meth:`EvidenceOutcome.sort_key`. The report, its manifest.json and ``forensics status``
+    all take the evidence from here.
+    """
+    outcomes = [
+        EvidenceOutcome(
+            path=r[0],
+            kind=r[1],
+            format=r[2],
+            outcome=r[3],
+            reason=r[4],
+            rows_lost=r[5] if r[3] != "loaded" else 0,
+            sha256=r[6],
+            bytes=r[7],
+            rows_read=r[8],
+            rows_loaded=r[9],
+            rows_rejected=r[10],
+            first_at=r[11],
+            last_at=r[12],
+            evidence_id=r[13],
+        )
+        for r in con.execute(
+            f"SELECT path, kind, format, {_outcome_sql(con)}, sha256, bytes, rows_read, "
+            "rows_loaded, rows_rejected, first_at, last_at, evidence_id FROM evidence"
+        ).fetchall()
+    ]
+    if _columns(con, "evidence_failures"):
+        # The same failure may be recorded by a manifest ingest and by loading files by name.
+        outcomes += [
+            EvidenceOutcome(
+                path=r[0],
+                kind=r[1],
+                format=r[2],
+                outcome=r[3],
+                reason=r[4],
+                rows_lost=r[5],
+                sha256=r[6],
+                bytes=r[7],
+                entry=r[8],
+            )
+            for r in con.execute(
+                "SELECT DISTINCT path, kind, format, outcome, reason, rows_lost, sha256, bytes, "
+                "entry FROM evidence_failures"
+            ).fetchall()
+        ]
+    outcomes.sort(key=EvidenceOutcome.sort_key)
+    return outcomes
+
+
 def evidence_status(con: duckdb.DuckDBPyConnection) -> StatusReport:
-    """Summarise the evidence loaded into a case database."""
+    """Summarise the evidence loaded into a case database, and what failed to load."""
     files = [
         EvidenceRow(*r)
         for r in con.execute(
             "SELECT evidence_id, path, sha256, bytes, kind, format, rows_read, rows_loaded, "
-            "rows_rejected, first_at, last_at, loaded_at FROM evidence "
+            f"rows_rejected, first_at, last_at, loaded_at, {_outcome_sql(con)} FROM evidence "
             "ORDER BY kind, path, evidence_id"
         ).fetchall()
     ]
@@ -104,4 +266,4 @@ def evidence_status(con: duckdb.DuckDBPyConnection) -> StatusReport:
             "GROUP BY ALL ORDER BY count(*) DESC, kind, column_name, reason"
         ).fetchall()
     ]
-    return StatusReport(files=files, spans=spans, rejects=rejects)
+    return StatusReport(files=files, spans=spans, rejects=rejects, outcomes=evidence_outcomes(con))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 
+from fixtures.damaged import damaged_tiny_case
 from typer.testing import CliRunner
 
 from forensics.cli import app
@@ -59,11 +60,19 @@ def test_a_failed_file_exits_1_after_loading_the_rest(tmp_path):
     good = _jsonl(tmp_path / "good.jsonl", [1, 2])
     bad = tmp_path / "bad.jsonl.gz"
     bad.write_bytes(gzip.compress(good.read_bytes())[:-12])
-    result = runner.invoke(app, ["ingest", str(db), str(good), str(bad), "--kind", "requests"])
+    (tmp_path / "broken.parquet").write_bytes(b"PAR1 not really")
+    args = ["ingest", str(db), str(good), str(bad), str(tmp_path / "broken.parquet")]
+    result = runner.invoke(app, [*args, "--kind", "requests"])
     assert result.exit_code == 1
     assert "FAILED" in result.output
-    assert f"Error: {bad}: truncated or corrupt gzip data" in result.output
-    assert "1 loaded, 0 already loaded, 1 failed" in result.output
+    assert f"Error: {tmp_path / 'broken.parquet'}: failed: not a readable Parquet" in result.output
+    # The truncated gzip file keeps its complete first line (it used to fail whole).
+    assert "PARTIAL" in result.output
+    assert (
+        f"Error: {bad}: partial (1 row loaded): truncated gzip data after "
+        f"{bad.stat().st_size:,} bytes: any rows after line 1 are lost"
+    ) in result.output
+    assert "2 loaded, 0 already loaded, 1 failed, 1 partial" in result.output
 
 
 def test_usage_errors_exit_2(tmp_path):
@@ -108,3 +117,33 @@ def test_manifest_error_exits_1_naming_the_key(tmp_path):
     result = runner.invoke(app, ["ingest", str(manifest)])
     assert result.exit_code == 1
     assert "[incident].flavour: unknown key" in result.output
+
+
+def test_ingest_case_exits_1_naming_each_piece_of_evidence_that_did_not_load_whole(tiny_case_dir):
+    manifest = str(damaged_tiny_case(tiny_case_dir))
+    size = (tiny_case_dir / "requests.jsonl.gz").stat().st_size
+    result = runner.invoke(app, ["ingest", manifest])
+    assert result.exit_code == 1
+    # Everything else loaded first (the partial file counts as loaded, and as partial).
+    assert "4 loaded, 0 already loaded, 0 failed, 1 partial, 1 pattern matching no file" in (
+        result.output
+    )
+    errors = [line for line in result.output.splitlines() if line.startswith("Error: ")]
+    assert errors == [
+        "Error: alloc-*.csv: no file matches this pattern ([[evidence]] #5, kind kv_allocations)",
+        f"Error: requests.jsonl.gz: partial (24 rows loaded): truncated gzip data after {size:,} "
+        "bytes: any rows after line 24 are lost",
+    ]
+    # The partial file stays partial on the next run, and the command keeps saying so.
+    again = runner.invoke(app, ["ingest", manifest])
+    assert again.exit_code == 1
+    assert "PARTIAL (already loaded)" in again.output
+    assert [line for line in again.output.splitlines() if line.startswith("Error: ")] == errors
+
+    status = runner.invoke(app, ["status", manifest])
+    assert status.exit_code == 0, status.output
+    assert "Evidence that did not load whole" in status.output
+    assert "partial" in status.output and "missing" in status.output
+    assert "no file matches this pattern ([[evidence]] #5, kind kv_allocations)" in status.output
+    assert "line cut by the damage" in status.output
+    assert "The evidence is incomplete: 2 of the files and patterns above" in status.output

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import hashlib
 import io
 import json
 from datetime import UTC, datetime
@@ -13,14 +14,22 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
+from fixtures.damaged import ALLOC_CSV, damaged_tiny_case, gzip_cut, zstd_cut
 
 from forensics.case import load_case
 from forensics.db import connect
 from forensics.errors import EvidenceError, ForensicsError
-from forensics.ingest import evidence_status, ingest_case, ingest_file, ingest_paths
+from forensics.ingest import (
+    evidence_outcomes,
+    evidence_status,
+    ingest_case,
+    ingest_file,
+    ingest_paths,
+)
 from forensics.schema import columns
 
 BIG = [9223372036854775807, 1234567890123456789]
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def _rows() -> list[dict]:
@@ -359,18 +368,20 @@ def test_corrupt_files_fail_alone_while_the_others_load(tmp_path):
         ],
         "requests",
     )
-    assert [f.path for f in result.files] == [str(good)]
-    assert result.rows_loaded == 6
+    # The truncated file keeps the five lines before its damage (it used to fail whole).
+    assert [f.path for f in result.files] == [str(good), str(truncated)]
+    assert [f.outcome for f in result.files] == ["loaded", "partial"]
+    assert result.rows_loaded == 6 + 5
     messages = dict((f.path.rsplit("/", 1)[-1], f.message) for f in result.failures)
-    assert messages["cut.jsonl.gz"].startswith("truncated or corrupt gzip data")
+    assert "cut.jsonl.gz" not in messages
     assert messages["garbage.jsonl"].startswith("not JSON Lines")
     assert messages["garbage.parquet"].startswith("not a readable Parquet file")
     assert messages["notes.txt"].startswith("unknown file type")
     assert messages["absent.csv"] == "file not found"
     assert all(e.startswith(str(tmp_path)) and "\n" not in e for e in result.errors)
     con = connect(tmp_path / "case.duckdb")
-    assert con.execute("SELECT count(*), sum(rows_loaded) FROM evidence").fetchone() == (1, 6)
-    assert con.execute("SELECT count(*) FROM requests").fetchone() == (6,)
+    assert con.execute("SELECT count(*), sum(rows_loaded) FROM evidence").fetchone() == (2, 11)
+    assert con.execute("SELECT count(*) FROM requests").fetchone() == (11,)
 
 
 def test_unsupported_format_and_kind_are_clear_errors(tmp_path, memory_db):
@@ -430,7 +441,9 @@ def test_ingest_case_records_a_glob_that_matches_nothing(tiny_case_dir):
     manifest = tiny_case_dir / "case.toml"
     manifest.write_text(manifest.read_text().replace('"requests.jsonl"', '"requests-*.jsonl"'))
     result = ingest_case(load_case(manifest))
-    assert result.errors == ["requests-*.jsonl: no file matches this pattern ([[evidence]] #1)"]
+    assert result.errors == [
+        "requests-*.jsonl: no file matches this pattern ([[evidence]] #1, kind requests)"
+    ]
     assert len(result.files) == 3
 
 
@@ -444,3 +457,301 @@ def test_status_groups_rejects_by_reason(tmp_path, memory_db):
     assert groups[("tenant_id", "required value missing")] == 1
     example = next(g.example for g in status.rejects if g.column == "prompt_tokens")
     assert example == f"{path}:4: not an integer: '12x'"
+
+
+# --- damaged files: salvage and outcomes ----------------------------------------------------
+
+
+CUT = {"gz": gzip_cut, "zst": zstd_cut}
+CODEC = {"gz": "gzip", "zst": "zstd"}
+
+
+def jsonl_lines() -> list[str]:
+    return [json.dumps(r) + "\n" for r in _rows()]
+
+
+def request_ids(con) -> list[str]:
+    return [
+        r[0] for r in con.execute("SELECT request_id FROM requests ORDER BY source_row").fetchall()
+    ]
+
+
+@pytest.mark.parametrize("codec", ["gz", "zst"])
+def test_truncated_jsonl_loads_every_complete_line_and_rejects_the_cut_one(
+    tmp_path, memory_db, codec
+):
+    lines = jsonl_lines()
+    path = tmp_path / f"r.jsonl.{codec}"
+    path.write_bytes(CUT[codec](("".join(lines[:4]) + lines[4][:30]).encode()))
+    result = ingest_file(memory_db, path, "requests")
+    assert (result.rows_read, result.rows_loaded, result.rows_rejected) == (5, 4, 1)
+    damage = f"truncated {CODEC[codec]} data after {path.stat().st_size:,} bytes"
+    assert (result.outcome, result.problem, result.rows_lost) == (
+        "partial",
+        f"{damage}: any rows after line 4 are lost",
+        None,
+    )
+    assert request_ids(memory_db) == ["req-0", "req-1", "req-2", "req-3"]
+    assert rejects(memory_db) == [(5, None, f"line cut by the damage: {damage}")]
+    assert memory_db.execute("SELECT raw FROM rejects").fetchone() == (lines[4][:30],)
+    ev = memory_db.execute(
+        "SELECT rows_read, rows_loaded, rows_rejected, outcome, problem, rows_lost FROM evidence"
+    ).fetchone()
+    assert ev == (5, 4, 1, "partial", result.problem, None)
+
+
+def test_gzip_members_before_the_damage_all_load(tmp_path, memory_db):
+    lines = jsonl_lines()
+    first = gzip.compress("".join(lines[:2]).encode())
+    path = tmp_path / "r.jsonl.gz"
+    path.write_bytes(first + gzip_cut(("".join(lines[2:5]) + lines[5][:10]).encode()))
+    result = ingest_file(memory_db, path, "requests")
+    assert (result.rows_loaded, result.rows_rejected, result.outcome) == (5, 1, "partial")
+    assert request_ids(memory_db) == [f"req-{i}" for i in range(5)]
+    assert rejects(memory_db)[0][0] == 6
+
+
+def test_corrupt_gzip_keeps_what_precedes_the_bad_byte(tmp_path, memory_db):
+    lines = jsonl_lines()
+    good = gzip.compress("".join(lines[:3]).encode())
+    path = tmp_path / "r.jsonl.gz"
+    path.write_bytes(good + b"this is no gzip member" + gzip.compress(lines[3].encode()))
+    result = ingest_file(memory_db, path, "requests")
+    assert (result.rows_read, result.rows_loaded, result.rows_rejected) == (3, 3, 0)
+    assert result.problem == (
+        # zlib knows the header is wrong at its second byte.
+        f"corrupt gzip data detected at byte {len(good) + 2:,} of {path.stat().st_size:,} "
+        "(incorrect header check): any rows after line 3 are lost"
+    )
+
+
+def test_a_checksum_failure_says_the_rows_read_may_be_damaged(tmp_path, memory_db):
+    data = "".join(jsonl_lines()).encode()
+    packed = bytearray(gzip.compress(data, compresslevel=0, mtime=0))
+    # Level 0 stores the bytes as they are after a 10-byte header and a 5-byte block header:
+    # change one digit of a prompt and only the checksum can tell.
+    packed[15 + data.index(b"681274")] = ord("9")
+    path = tmp_path / "r.jsonl.gz"
+    path.write_bytes(bytes(packed))
+    result = ingest_file(memory_db, path, "requests")
+    assert (result.rows_loaded, result.rows_rejected, result.outcome) == (6, 0, "partial")
+    assert result.problem == (
+        # The checksum is the first 4 of the 8 trailer bytes: the mismatch shows at the 4th.
+        f"corrupt gzip data detected at byte {len(packed) - 4:,} of {len(packed):,} "
+        "(incorrect data check), so the rows read before it may hold damaged values: "
+        "any rows after line 6 are lost"
+    )
+
+
+def csv_text(rows: list[list[str]]) -> str:
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(rows)
+    return buf.getvalue()
+
+
+CSV_ROWS = [
+    ["request_id", "tenant_id", "received_at", "prompt_tokens", "http_status", "user_agent"],
+    ["a", "t", "2026-09-08T14:00:00Z", "5", "200", "x"],
+    ["b", "t", "2026-09-08T14:00:00Z", "5", "200", "multi\nline"],
+    ["c", "t", "2026-09-08T14:00:00Z", "5", "200", "x", "surplus"],
+    ["d", "t", "2026-09-08T14:00:00Z", "6", "200", 'say "hi"'],
+    ["e", "t", "2026-09-08T14:00:00Z", "7", "200", "first\nsecond"],
+]
+
+
+@pytest.mark.parametrize("codec", ["gz", "zst"])
+def test_truncated_csv_loads_every_complete_record_and_rejects_the_cut_one(
+    tmp_path, memory_db, codec
+):
+    text = csv_text(CSV_ROWS)
+    # Cut inside the quoted two-line value of the last record, just after its newline: read
+    # as it is, that record would load with the value "first" and nothing would say it was cut.
+    kept = text[: text.index("second")]
+    path = tmp_path / f"r.csv.{codec}"
+    path.write_bytes(CUT[codec](kept.encode()))
+    result = ingest_file(memory_db, path, "requests")
+    assert (result.rows_read, result.rows_loaded, result.rows_rejected) == (5, 3, 2)
+    damage = f"truncated {CODEC[codec]} data after {path.stat().st_size:,} bytes"
+    assert result.outcome == "partial"
+    assert result.problem == f"{damage}: any rows after data row 4 are lost"
+    assert rejects(memory_db) == [
+        (3, None, "malformed CSV row: expected 6 fields, found 7"),
+        (5, None, f"line cut by the damage: {damage}"),
+    ]
+    assert memory_db.execute("SELECT raw FROM rejects WHERE source_row = 5").fetchone() == (
+        'e,t,2026-09-08T14:00:00Z,7,200,"first\n',
+    )
+    got = memory_db.execute("SELECT request_id, source_row, user_agent FROM requests ORDER BY 2")
+    assert got.fetchall() == [("a", 1, "x"), ("b", 2, "multi\nline"), ("d", 4, 'say "hi"')]
+
+
+def test_a_csv_cut_inside_its_header_fails(tmp_path, memory_db):
+    path = tmp_path / "r.csv.gz"
+    path.write_bytes(gzip_cut(b"request_id,tenant_"))
+    size = path.stat().st_size
+    with pytest.raises(EvidenceError) as err:
+        ingest_file(memory_db, path, "requests")
+    assert str(err.value) == (
+        f"{path}: truncated gzip data after {size:,} bytes, before the end of the CSV header: "
+        "no row can be read"
+    )
+
+
+def test_an_uncompressed_file_cut_mid_line_rejects_its_last_line(tmp_path, memory_db):
+    lines = jsonl_lines()
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(lines[:3]) + lines[3][:40])
+    result = ingest_file(memory_db, path, "requests")
+    # Nothing tells a cut from a file without a final newline: the line is read, and rejected
+    # because it does not parse. The file itself is whole.
+    assert (result.rows_read, result.rows_loaded, result.rows_rejected) == (4, 3, 1)
+    assert rejects(memory_db) == [(4, None, "not valid JSON")]
+    assert (result.outcome, result.problem) == ("loaded", None)
+
+
+def test_damaged_parquet_fails_and_says_how_many_rows_it_held(tmp_path):
+    rows = [dict(_rows()[i % 6], request_id=f"r{i}") for i in range(200)]
+    broken = write(tmp_path / "broken.parquet", rows)
+    data = bytearray(broken.read_bytes())
+    data[8:400] = bytes(b ^ 0x5A for b in data[8:400])  # the pages; the footer stays readable
+    broken.write_bytes(bytes(data))
+    packed = write(tmp_path / "packed.parquet", rows, "gz")
+    packed.write_bytes(packed.read_bytes()[:-100])
+    result = ingest_paths(tmp_path / "case.duckdb", [broken, packed], "requests")
+    assert result.files == []
+    failed = {f.path.rsplit("/", 1)[-1]: f for f in result.failures}
+    assert failed["broken.parquet"].message.startswith("cannot load the file (")
+    assert failed["broken.parquet"].rows_lost == 200
+    assert failed["packed.parquet.gz"].message == (
+        f"truncated gzip data after {packed.stat().st_size:,} bytes: "
+        "a Parquet file cannot be read without its end"
+    )
+    assert failed["packed.parquet.gz"].rows_lost is None
+    con = connect(tmp_path / "case.duckdb")
+    outcomes = evidence_outcomes(con)
+    assert [(o.path, o.outcome, o.rows_lost) for o in outcomes] == [
+        (str(broken), "failed", 200),
+        (str(packed), "failed", None),
+    ]
+    assert outcomes[0].sha256 == hashlib.sha256(broken.read_bytes()).hexdigest()
+
+
+def test_the_file_form_records_failures_until_the_file_loads(tmp_path):
+    db = tmp_path / "case.duckdb"
+    path = tmp_path / "r.parquet"
+    path.write_bytes(b"PAR1 not really")
+    first = ingest_paths(db, [path, tmp_path / "none-*.jsonl"], "requests")
+    assert [(f.outcome, f.message) for f in first.failures] == [
+        ("missing", "no file matches this pattern"),
+        ("failed", first.failures[1].message),
+    ]
+    con = connect(db)
+    assert [(o.path, o.outcome) for o in evidence_outcomes(con)] == [
+        (str(tmp_path / "none-*.jsonl"), "missing"),
+        (str(path), "failed"),
+    ]
+    con.close()
+    write(path, _rows())
+    again = ingest_paths(db, [path], "requests")
+    assert again.ok and again.problems == []
+    con = connect(db)
+    # The pattern was not given again, so its record stands; the file's failure is gone.
+    assert [(o.path, o.outcome) for o in evidence_outcomes(con)] == [
+        (str(tmp_path / "none-*.jsonl"), "missing"),
+        (str(path), "loaded"),
+    ]
+
+
+def test_ingest_case_records_the_manifest_as_it_stands_on_each_run(tiny_case_dir):
+    manifest = damaged_tiny_case(tiny_case_dir)
+    case = load_case(manifest)
+    size = (tiny_case_dir / "requests.jsonl.gz").stat().st_size
+    partial = (
+        f"requests.jsonl.gz: partial (24 rows loaded): truncated gzip data after {size:,} "
+        "bytes: any rows after line 24 are lost"
+    )
+    missing = "alloc-*.csv: no file matches this pattern ([[evidence]] #5, kind kv_allocations)"
+
+    first = ingest_case(case)
+    assert not first.ok
+    assert first.problems == [missing, partial]
+    con = connect(case.database)
+    assert con.execute("SELECT count(*) FROM requests").fetchone() == (24,)
+    assert con.execute(
+        "SELECT source, entry, path, kind, format, outcome FROM evidence_failures"
+    ).fetchall() == [("manifest", 5, "alloc-*.csv", "kv_allocations", "canonical", "missing")]
+    assert [(o.path, o.outcome) for o in evidence_outcomes(con)] == [
+        ("alloc-*.csv", "missing"),
+        ("engine_legs.jsonl", "loaded"),
+        ("pool_snapshots.csv", "loaded"),
+        ("requests.jsonl.gz", "partial"),
+        ("tenants.csv", "loaded"),
+    ]
+    con.close()
+
+    # Nothing changed: the partial file is already loaded and is still partial.
+    second = ingest_case(case)
+    assert all(f.skipped for f in second.files)
+    assert second.problems == [missing, partial]
+
+    # The complete file arrives and the allocation log is found: both problems disappear, and
+    # the complete file replaces the partial load instead of adding to it.
+    full = FIXTURES / "tiny_case" / "requests.jsonl"
+    (tiny_case_dir / "requests.jsonl.gz").write_bytes(gzip.compress(full.read_bytes()))
+    (tiny_case_dir / "alloc-1.csv").write_text(ALLOC_CSV)
+    third = ingest_case(case)
+    assert third.ok and third.problems == []
+    requests = next(f for f in third.files if f.kind == "requests")
+    assert (requests.outcome, requests.rows_loaded, len(requests.replaced)) == ("loaded", 31, 1)
+    con = connect(case.database)
+    assert con.execute("SELECT count(*), count(DISTINCT request_id) FROM requests").fetchone() == (
+        31,
+        31,
+    )
+    assert con.execute("SELECT count(*) FROM evidence_failures").fetchone() == (0,)
+    assert con.execute("SELECT count(*) FROM rejects").fetchone() == (0,)
+    assert {o.outcome for o in evidence_outcomes(con)} == {"loaded"}
+
+
+def test_a_pattern_that_matches_nothing_is_missing_even_beside_one_that_matches(tiny_case_dir):
+    manifest = tiny_case_dir / "case.toml"
+    manifest.write_text(
+        manifest.read_text().replace(
+            'paths = ["requests.jsonl"]', 'paths = ["requests.jsonl", "more/requests-*.jsonl"]'
+        )
+    )
+    result = ingest_case(load_case(manifest))
+    assert result.errors == [
+        "more/requests-*.jsonl: no file matches this pattern ([[evidence]] #1, kind requests)"
+    ]
+    assert result.rows_loaded == 99
+
+
+def test_a_database_from_before_outcomes_reads_as_loaded_and_gains_the_columns(tmp_path):
+    import duckdb
+
+    from forensics.schema import all_ddl
+
+    db = tmp_path / "old.duckdb"
+    old = duckdb.connect(str(db))
+    # The schema as it was before outcomes: no added columns, no failures table.
+    for statement in all_ddl():
+        if not statement.startswith("ALTER") and "evidence_failures" not in statement:
+            old.execute(statement)
+    old.execute(
+        "INSERT INTO evidence VALUES (1, 'r.jsonl', 'abc', 10, 'requests', 'canonical', "
+        "2, 2, 0, NULL, NULL, TIMESTAMPTZ '2026-09-08 00:00:00+00')"
+    )
+    old.close()
+    # Read-only, nothing is added: the reader falls back to what such a database means.
+    con = connect(db, read_only=True)
+    assert [(o.path, o.outcome, o.rows_lost) for o in evidence_outcomes(con)] == [
+        ("r.jsonl", "loaded", 0)
+    ]
+    assert [f.outcome for f in evidence_status(con).files] == ["loaded"]
+    con.close()
+    con = connect(db)
+    assert con.execute("SELECT outcome, problem, rows_lost FROM evidence").fetchall() == [
+        ("loaded", None, 0)
+    ]
+    assert con.execute("SELECT count(*) FROM evidence_failures").fetchone() == (0,)

@@ -652,3 +652,165 @@ def test_exploitation_csv_lists_every_assessed_tenant_with_its_reasons(report):
         o["path"] for o in json.loads((report["out"] / "manifest.json").read_text())["outputs"]
     }
     assert {"exploitation.csv", "review.csv"} <= listed
+
+
+# --- incomplete evidence ---------------------------------------------------------------------
+
+PARTIAL = "truncated gzip data after 512 bytes: any rows after line 2 are lost"
+MISSING = "no file matches this pattern ([[evidence]] #2, kind engine_legs)"
+
+
+def _incomplete(folder: Path):
+    """The standard findings with the pool file partial, a failed file and an empty pattern."""
+    case, con = build(folder)
+    con.execute(
+        "UPDATE evidence SET outcome = 'partial', problem = ?, rows_lost = NULL "
+        "WHERE evidence_id = 2",
+        [PARTIAL],
+    )
+    con.execute(
+        "INSERT INTO evidence_failures (source, entry, path, file, kind, format, outcome, reason, "
+        "sha256, bytes, rows_lost) VALUES "
+        "('manifest', 2, 'legs/*.parquet', NULL, 'engine_legs', 'canonical', 'missing', ?, "
+        "NULL, NULL, NULL), "
+        "('manifest', 1, 'evidence/broken.parquet', ?, 'requests', 'canonical', 'failed', "
+        "'cannot load the file (bad page)', ?, 640, 200)",
+        [MISSING, str(folder / "evidence" / "broken.parquet"), "ef" * 32],
+    )
+    return case, con
+
+
+def test_incomplete_evidence_is_listed_and_announced(tmp_path):
+    case, con = _incomplete(tmp_path / "case")
+    out = tmp_path / "out"
+    write_report(con, case, out)
+    con.close()
+    dom = parse((out / "report.html").read_text(encoding="utf-8"))
+    _, body = dom.by_id("table-evidence").table()
+    assert [(r[0], r[8], r[9]) for r in body] == [
+        ("evidence/broken.parquet", "failed: cannot load the file (bad page)", "200"),
+        ("evidence/pool.jsonl", f"partial: {PARTIAL}", "unknown"),
+        ("evidence/requests.jsonl", "loaded", "0"),
+        ("legs/*.parquet", f"missing: {MISSING}", "unknown"),
+    ]
+    inputs = json.loads((out / "manifest.json").read_text())["inputs"]
+    assert [
+        (i["path"], i["outcome"], i.get("reason"), i.get("rows_lost"), i.get("entry"))
+        for i in inputs
+    ] == [
+        ("evidence/broken.parquet", "failed", "cannot load the file (bad page)", 200, 1),
+        ("evidence/pool.jsonl", "partial", PARTIAL, "unknown", None),
+        ("evidence/requests.jsonl", "loaded", None, None, None),
+        ("legs/*.parquet", "missing", MISSING, "unknown", 2),
+    ]
+    assert inputs[0]["sha256"] == "ef" * 32 and inputs[0]["rows"] is None
+    assert inputs[3]["sha256"] is None and inputs[3]["bytes"] is None
+
+    # The summary opens with the banner: what is missing and which conclusions it limits.
+    summary = dom.by_id("summary")
+    banner = dom.by_id("evidence-incomplete")
+    assert banner.parent is summary
+    assert banner.text.startswith(
+        "The evidence is incomplete: 1 file is partial, 1 file failed to load and "
+        "1 manifest pattern matched no file."
+    )
+    items = [li.text for li in banner.find_all("li")]
+    assert items[0].startswith("evidence/broken.parquet (requests, failed, rows lost: 200)")
+    assert items[0].endswith(
+        "This limits the findings: affected responses, recipient tenants and source tenants "
+        "may be undercounted."
+    )
+    assert items[1].startswith("evidence/pool.jsonl (pool_snapshots, partial, 3 rows loaded")
+    assert "prefill limits fall back to the default pool size" in items[1]
+    assert items[2].startswith("legs/*.parquet (engine_legs, missing, rows lost: unknown)")
+    assert "attribution falls back" in items[2]
+
+    md = (out / "report.md").read_text(encoding="utf-8")
+    summary_md = md[md.index("## Executive summary") : md.index("| Finding |")]
+    assert "> **The evidence is incomplete:** 1 file is partial, 1 file failed to load and" in (
+        summary_md
+    )
+    assert "> - `evidence/pool.jsonl` (pool_snapshots, partial, 3 rows loaded, rows lost: " in (
+        summary_md
+    )
+    evidence_md = md[md.index("## Evidence manifest") :]
+    assert "| `legs/*.parquet` | engine_legs | canonical | - | - | - | missing: " in evidence_md
+
+
+def test_complete_evidence_shows_no_banner(report):
+    assert "evidence-incomplete" not in report["html"]
+    assert "The evidence is incomplete" not in (report["out"] / "report.md").read_text()
+    inputs = json.loads((report["out"] / "manifest.json").read_text())["inputs"]
+    assert {i["outcome"] for i in inputs} == {"loaded"}
+    assert all("reason" not in i and "rows_lost" not in i for i in inputs)
+
+
+def test_redaction_scrubs_tenant_ids_from_evidence_reasons(tmp_path):
+    case, con = build(tmp_path / "case")
+    con.execute(
+        "UPDATE evidence SET outcome = 'partial', problem = ? WHERE evidence_id = 1",
+        ["truncated gzip data after 9 bytes near acct_beta: any rows after line 1 are lost"],
+    )
+    write_report(con, case, tmp_path / "out", redact=True, redact_key="k")
+    for name in ("report.html", "report.md", "manifest.json"):
+        assert "acct_beta" not in (tmp_path / "out" / name).read_text(encoding="utf-8"), name
+
+
+def test_run_writes_every_output_then_exits_1_on_incomplete_evidence(tmp_path):
+    from fixtures.damaged import ALLOC_CSV, damaged_tiny_case
+
+    manifest = damaged_tiny_case(_copy_case(TINY, tmp_path / "case").parent)
+    folder = manifest.parent
+    size = (folder / "requests.jsonl.gz").stat().st_size
+    runner = CliRunner(env={"COLUMNS": "100"})
+    first = runner.invoke(app, ["run", str(manifest)])
+    assert first.exit_code == 1
+    out = folder / "report"
+    for name in OUTPUT_FILES:
+        assert (out / name).is_file(), name
+    errors = [line for line in first.output.splitlines() if line.startswith("Error: ")]
+    assert errors == [
+        "Error: alloc-*.csv: no file matches this pattern ([[evidence]] #5, kind kv_allocations)",
+        f"Error: requests.jsonl.gz: partial (24 rows loaded): truncated gzip data after {size:,} "
+        "bytes: any rows after line 24 are lost",
+    ]
+    inputs = {i["path"]: i for i in json.loads((out / "manifest.json").read_text())["inputs"]}
+    assert inputs["requests.jsonl.gz"]["outcome"] == "partial"
+    assert inputs["requests.jsonl.gz"]["rows"] == 24
+    assert inputs["alloc-*.csv"]["outcome"] == "missing"
+    dom = parse((out / "report.html").read_text())
+    assert "requests.jsonl.gz (requests, partial, 24 rows loaded" in (
+        dom.by_id("evidence-incomplete").text
+    )
+    # The cut took req-103 of acct_charlie, an affected customer: the report is honest that
+    # its counts may be short, and the notified tenants show why that matters.
+    _, notes = read_csv(out / "notifications.csv")
+    assert "acct_charlie" not in {n["tenant_id"] for n in notes if n["role"] == "recipient"}
+    # `report` alone renders the same outputs and names the same gaps (ingest is what fails).
+    again = runner.invoke(app, ["report", str(manifest), "--out", str(tmp_path / "again")])
+    assert again.exit_code == 0, again.output
+    assert "incomplete evidence: alloc-*.csv: no file matches this pattern" in again.output
+    assert "incomplete evidence: requests.jsonl.gz: partial (24 rows loaded)" in again.output
+    assert (tmp_path / "again" / "report.md").read_bytes() == (out / "report.md").read_bytes()
+
+    # Repaired: the complete file and the allocation log are there, so the run is clean and
+    # acct_charlie is back.
+    import gzip
+
+    full = (TINY / "requests.jsonl").read_bytes()
+    (folder / "requests.jsonl.gz").write_bytes(gzip.compress(full))
+    (folder / "alloc-1.csv").write_text(ALLOC_CSV)
+    second = runner.invoke(app, ["run", str(manifest)])
+    assert second.exit_code == 0, second.output
+    assert "Error:" not in second.output
+    inputs = json.loads((out / "manifest.json").read_text())["inputs"]
+    assert {i["path"]: i["outcome"] for i in inputs} == {
+        "alloc-1.csv": "loaded",
+        "engine_legs.jsonl": "loaded",
+        "pool_snapshots.csv": "loaded",
+        "requests.jsonl.gz": "loaded",
+        "tenants.csv": "loaded",
+    }
+    assert "evidence-incomplete" not in (out / "report.html").read_text()
+    _, notes = read_csv(out / "notifications.csv")
+    assert "acct_charlie" in {n["tenant_id"] for n in notes if n["role"] == "recipient"}

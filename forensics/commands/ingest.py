@@ -72,9 +72,11 @@ def _ingest(target: str, files: list[str], kind: str | None, fmt: str, timezone:
             result = ingest_paths(target, files, kind, fmt, timezone, progress=progress)
             where = Path(target)
     _summary(Console(width=max(Console().width, 120)), result, where)
-    if result.failures:
-        for failure in result.failures:
-            typer.secho(f"Error: {failure}", err=True, fg="red")
+    # Everything else has loaded by now; evidence that did not load whole is an error.
+    problems = result.problems
+    for line in problems:
+        typer.secho(f"Error: {line}", err=True, fg="red")
+    if problems:
         raise typer.Exit(1)
 
 
@@ -115,7 +117,13 @@ class _Bar:
         self.progress.update(self.tasks[label], completed=done)
 
 
+def plural(count: int, word: str) -> str:
+    """``count`` and the noun in the right number: ``1 pattern``, ``2 patterns``."""
+    return f"{count:,} {word if count == 1 else word + 's'}"
+
+
 def _summary(console: Console, result: IngestResult, where: Path) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=f"Evidence loaded into {where}", title_justify="left")
@@ -128,18 +136,35 @@ def _summary(console: Console, result: IngestResult, where: Path) -> None:
         status = "already loaded" if f.skipped else "loaded"
         if f.rows_rejected and not f.skipped:
             status = "loaded, with rejects"
+        if f.outcome == "partial":
+            status = "[red]PARTIAL[/red]" + (" (already loaded)" if f.skipped else "")
         table.add_row(
             f.path, f.kind, f"{f.rows_read:,}", f"{f.rows_loaded:,}", f"{f.rows_rejected:,}", status
         )
     for failure in result.failures:
-        table.add_row(failure.path, failure.kind, "-", "-", "-", "[red]FAILED[/red]")
+        status = "[red]NO FILE[/red]" if failure.outcome == "missing" else "[red]FAILED[/red]"
+        # A pattern such as logs/[0-9]*.jsonl is text, not console markup.
+        table.add_row(escape(failure.path), failure.kind, "-", "-", "-", status)
     console.print(table)
+    # Problems are named only when there are some, so a clean ingest reads as it always has.
+    more = ""
+    if result.files_partial:
+        more += f", {result.files_partial} partial"
+    if result.patterns_missing:
+        more += f", {plural(result.patterns_missing, 'pattern')} matching no file"
     console.print(
         f"{result.files_loaded} loaded, {result.files_skipped} already loaded, "
-        f"{len(result.failures)} failed; rows read {result.rows_read:,}, "
+        f"{result.files_failed} failed{more}; rows read {result.rows_read:,}, "
         f"loaded {result.rows_loaded:,}, rejected {result.rows_rejected:,}",
         highlight=False,
     )
+    for f in result.files:
+        for sha in f.replaced:
+            console.print(
+                f"{f.path}: loaded whole; replaces its earlier partial load (sha256 {sha[:12]})",
+                highlight=False,
+                markup=False,
+            )
     if result.rows_rejected:
         console.print("Rejected rows are in the rejects table: see `forensics status`.")
 
@@ -177,6 +202,7 @@ def _print_status(console: Console, report: StatusReport, where: Path) -> None:
 
     if not report.files:
         console.print(f"No evidence loaded in {where} yet.")
+        _print_problems(console, report)
         return
     files = Table(title=f"Evidence in {where}", title_justify="left")
     # Paths are what a responder copies: give them room before the other columns.
@@ -188,6 +214,7 @@ def _print_status(console: Console, report: StatusReport, where: Path) -> None:
         files.add_column(name, justify="right")
     files.add_column("first (UTC)")
     files.add_column("last (UTC)")
+    files.add_column("outcome")
     for f in report.files:
         files.add_row(
             f.path,
@@ -198,6 +225,7 @@ def _print_status(console: Console, report: StatusReport, where: Path) -> None:
             f"{f.rows_rejected:,}",
             _when(f.first_at),
             _when(f.last_at),
+            "[red]partial[/red]" if f.outcome == "partial" else f.outcome,
         )
     console.print(files)
     console.print(
@@ -205,6 +233,7 @@ def _print_status(console: Console, report: StatusReport, where: Path) -> None:
         f"{report.rows_read:,}, loaded {report.rows_loaded:,}, rejected {report.rows_rejected:,}",
         highlight=False,
     )
+    _print_problems(console, report)
     spans = Table(title="Time span per kind", title_justify="left")
     for name in ("kind", "files", "rows", "first (UTC)", "last (UTC)"):
         spans.add_column(name, justify="right" if name in ("files", "rows") else "left")
@@ -220,3 +249,31 @@ def _print_status(console: Console, report: StatusReport, where: Path) -> None:
     for r in report.rejects:
         rejects.add_row(r.kind, r.column or "-", r.reason, f"{r.rows:,}", r.example)
     console.print(rejects)
+
+
+def _print_problems(console: Console, report: StatusReport) -> None:
+    """The evidence that did not load whole: partial files, failed files, empty patterns."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    problems = report.problems
+    if not problems:
+        return
+    table = Table(title="Evidence that did not load whole", title_justify="left")
+    table.add_column("path or pattern", overflow="fold", min_width=24)
+    for name in ("kind", "outcome"):
+        table.add_column(name)
+    table.add_column("rows lost", justify="right")
+    table.add_column("reason", overflow="fold")
+    for o in problems:
+        lost = "unknown" if o.rows_lost is None else f"{o.rows_lost:,}"
+        # Reasons name [[evidence]] entries and patterns: text, not console markup.
+        table.add_row(
+            escape(o.path), o.kind, f"[red]{o.outcome}[/red]", lost, escape(o.reason or "")
+        )
+    console.print(table)
+    console.print(
+        f"The evidence is incomplete: {len(problems)} of the files and patterns above did not "
+        "load whole (`forensics ingest` says why, one line each).",
+        highlight=False,
+    )

@@ -83,6 +83,7 @@ def report(
 ) -> None:
     """Render the report, CSVs, customer notices and manifest from a case's findings."""
     from rich.console import Console
+    from rich.text import Text
 
     from forensics.db import open_case
     from forensics.report import write_report
@@ -92,7 +93,20 @@ def report(
     result = write_report(
         con, case, out or case.folder / "report", as_of=when, redact=redact, redact_key=redact_key
     )
-    _print_result(Console(), result)
+    console = Console()
+    _print_result(console, result)
+    # The report says so in its summary; the console says it too. (Ingest, where a gap arises,
+    # is what exits 1 for it.)
+    for line in _evidence_problems(con):
+        # Assembled as text: a pattern such as [[evidence]] is no console markup.
+        console.print(Text.assemble(("incomplete evidence: ", "yellow"), line), highlight=False)
+
+
+def _evidence_problems(con) -> list[str]:
+    """One line per file or pattern of the case database that did not load whole."""
+    from forensics.ingest import evidence_outcomes
+
+    return [o.problem_line for o in evidence_outcomes(con) if o.outcome != "loaded"]
 
 
 @app.command()
@@ -114,6 +128,7 @@ def run(case_path: Path = CASE_ARG, out: Path | None = OUT_OPT, as_of: str | Non
     from forensics.detect import detect_case
     from forensics.ingest import ingest_case
     from forensics.report import write_report
+    from forensics.report.render import plural
     from forensics.scope import scope_case
 
     when = _as_of(as_of)
@@ -141,10 +156,15 @@ def run(case_path: Path = CASE_ARG, out: Path | None = OUT_OPT, as_of: str | Non
         bar.update(task, description="Writing the report")
         result = write_report(con, case, out or case.folder / "report", as_of=when, scope=scope)
     console.print(
-        f"Ingested {len(ingested.files):,} files ({len(ingested.errors):,} with errors); "
+        f"Ingested {len(ingested.files):,} files ({plural(len(ingested.problems), 'problem')}); "
         f"detection: {detected.affected:,} affected, {detected.exposures:,} exposures, "
         f"{len(detected.warnings):,} warnings."
     )
-    for error in ingested.errors:
-        console.print(f"[yellow]ingest:[/yellow] {error}", highlight=False)
     _print_result(console, result)
+    # Every output is written by now, and the report states what is missing. The same list
+    # decides the exit code: a report built on incomplete evidence is not a clean run.
+    problems = _evidence_problems(con)
+    for line in problems:
+        typer.secho(f"Error: {line}", err=True, fg="red")
+    if problems:
+        raise typer.Exit(1)

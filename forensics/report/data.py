@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from forensics.report.redact import Redactor
+from forensics.status import evidence_outcomes
 from forensics.verdicts import NOTIFIED_VERDICTS
 
 if TYPE_CHECKING:
@@ -22,6 +23,22 @@ if TYPE_CHECKING:
     from forensics.case import Case
 
 VERDICT_ORDER = {"confirmed": 0, "likely": 1, "possible": 2}
+
+# The conclusions each kind of evidence carries, so a gap in it limits them (said in the
+# summary's "evidence is incomplete" banner).
+EVIDENCE_LIMITS = {
+    "requests": "affected responses, recipient tenants and source tenants may be undercounted",
+    "engine_legs": (
+        "the engine's own signals (the prefill rejection, token mismatches) may be missed, and "
+        "attribution falls back from the engine's legs to client times or temporal candidates"
+    ),
+    "pool_snapshots": (
+        "prefill limits fall back to the default pool size ([detection].default_pool_tokens) "
+        "where no snapshot covers a node"
+    ),
+    "kv_allocations": "attribution falls back from the allocation log to the allocator replay",
+    "tenants": "tenant names and contacts may be missing from the notices",
+}
 NOTIFIED = NOTIFIED_VERDICTS  # the verdicts that count as affected, as scoping defines them
 
 
@@ -109,6 +126,29 @@ class ReportData:
     coverage_summary: dict[str, Any] = field(default_factory=dict)
     # What the evidence can support (forensics.basis): headline, per-figure caveats.
     basis: dict[str, Any] = field(default_factory=dict)
+    # The evidence that did not load whole (partial, failed, missing), each with the
+    # conclusions it limits; empty when every file loaded whole. Filled from
+    # forensics.status.evidence_outcomes, like ``evidence``.
+    incomplete_evidence: list[dict] = field(default_factory=list)
+
+    @property
+    def incomplete_evidence_summary(self) -> str:
+        """What did not load, counted: "1 file is partial and 1 manifest pattern matched no
+        file" ("" when the evidence is complete)."""
+        phrases = {
+            "partial": ("file is partial", "files are partial"),
+            "failed": ("file failed to load", "files failed to load"),
+            "missing": ("manifest pattern matched no file", "manifest patterns matched no file"),
+        }
+        parts = []
+        for outcome, (one, many) in phrases.items():
+            n = sum(1 for e in self.incomplete_evidence if e["outcome"] == outcome)
+            if n:
+                parts.append(f"{n:,} {one if n == 1 else many}")
+        if len(parts) > 1:
+            return ", ".join(parts[:-1]) + " and " + parts[-1]
+        return "".join(parts)
+
     summary: dict[str, Any] = field(default_factory=dict)
     nodes: list[str] = field(default_factory=list)
 
@@ -146,7 +186,12 @@ def generation_time(
 
 
 def _display_path(path: str, folder: Path) -> str:
-    # Paths relative to the manifest keep the manifest.json identical across checkouts.
+    # Paths relative to the manifest keep the manifest.json identical across checkouts. A
+    # relative path is already relative to the case folder (that is how a manifest's files and
+    # patterns are recorded): resolving it against the working directory would make the output
+    # depend on where the command ran.
+    if not Path(path).is_absolute():
+        return Path(path).as_posix()
     try:
         return Path(path).resolve().relative_to(folder.resolve()).as_posix()
     except ValueError:
@@ -260,14 +305,37 @@ def load_report_data(
     for w in warnings:
         w["message"] = tx(w["message"])
 
-    evidence = _rows(
-        con,
-        """SELECT path, sha256, bytes, kind, format, rows_read, rows_loaded, rows_rejected,
-                  first_at, last_at FROM evidence""",
-    )
-    for ev in evidence:
-        ev["path"] = _display_path(ev["path"], case.folder)
-    evidence.sort(key=lambda ev: (ev["path"], ev["sha256"]))
+    evidence = [
+        {
+            "path": _display_path(o.path, case.folder),
+            "sha256": o.sha256,
+            "bytes": o.bytes,
+            "kind": o.kind,
+            "format": o.format,
+            "rows_read": o.rows_read,
+            "rows_loaded": o.rows_loaded,
+            "rows_rejected": o.rows_rejected,
+            "first_at": o.first_at,
+            "last_at": o.last_at,
+            "outcome": o.outcome,
+            # A decoder's or parser's words may quote the file's content.
+            "reason": tx(o.reason),
+            "rows_lost": o.rows_lost,
+            "entry": o.entry,
+        }
+        for o in evidence_outcomes(con)
+    ]
+    # Display paths can differ from the recorded ones: sort again, keeping the library's order
+    # among equals (sorted() is stable).
+    evidence.sort(key=lambda ev: (ev["path"], ev["sha256"] or ""))
+    incomplete = [
+        dict(
+            ev,
+            limits=EVIDENCE_LIMITS.get(ev["kind"], "conclusions drawn from it may be incomplete"),
+        )
+        for ev in evidence
+        if ev["outcome"] != "loaded"
+    ]
 
     facts = {
         r["key"]: _json(r["value"], None)
@@ -307,6 +375,7 @@ def load_report_data(
         exploitation_summary=expl_summary,
         coverage_summary=_coverage_summary(facts.get("coverage")),
         basis=_basis(facts.get("evidence_basis"), tx),
+        incomplete_evidence=incomplete,
     )
     data.summary = _summary(data)
     data.nodes = sorted({a["decode_node"] or "(unknown)" for a in affected})

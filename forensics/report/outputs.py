@@ -304,21 +304,7 @@ def _manifest(case: Case, data, out: Path, written: list[Path], redact: bool) ->
         "generated_at": iso(data.generated_at),
         "redacted": bool(redact),
         "query_set_hash": data.case_facts.get("query_set_hash"),
-        "inputs": [
-            {
-                "path": e["path"],
-                "kind": e["kind"],
-                "format": e["format"],
-                "sha256": e["sha256"],
-                "bytes": e["bytes"],
-                "rows_read": e["rows_read"],
-                "rows": e["rows_loaded"],
-                "rejects": e["rows_rejected"],
-                "first_at": iso(e["first_at"]) or None,
-                "last_at": iso(e["last_at"]) or None,
-            }
-            for e in data.evidence
-        ],
+        "inputs": [_input(e) for e in data.evidence],
         "outputs": [
             {
                 "path": p.relative_to(out).as_posix(),
@@ -341,3 +327,28 @@ def _manifest(case: Case, data, out: Path, written: list[Path], redact: bool) ->
             )
         },
     }
+
+
+def _input(e: dict[str, Any]) -> dict[str, Any]:
+    """One ``inputs`` item of manifest.json: a file with its outcome, or a pattern that matched
+    nothing. Files that failed and patterns have no rows (null); what did not load whole says
+    why and how many rows were lost ("unknown" when the file does not say)."""
+    item = {
+        "path": e["path"],
+        "kind": e["kind"],
+        "format": e["format"],
+        "sha256": e["sha256"],
+        "bytes": e["bytes"],
+        "rows_read": e["rows_read"],
+        "rows": e["rows_loaded"],
+        "rejects": e["rows_rejected"],
+        "first_at": iso(e["first_at"]) or None,
+        "last_at": iso(e["last_at"]) or None,
+        "outcome": e["outcome"],
+    }
+    if e["outcome"] != "loaded":
+        item["reason"] = e["reason"]
+        item["rows_lost"] = "unknown" if e["rows_lost"] is None else e["rows_lost"]
+        if e["entry"] is not None:
+            item["entry"] = e["entry"]
+    return item
