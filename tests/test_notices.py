@@ -81,6 +81,8 @@ def test_long_request_lists_go_to_the_csv_beside_the_letter(tmp_path):
         affected=AFFECTED + [(r[0], "likely", "over_pool", None) for r in many],
     )
     letter = (notices / "acct_many.md").read_text()
+    assert "12 of your responses, between 1 September 2026, 11:00 UTC and" in letter
+    assert "11:11 UTC, were generated while the model" in letter
     assert "is listed in the file `acct_many.csv` sent with this notice" in letter
     assert "| `v00` |" not in letter
     with (notices / "acct_many.csv").open(newline="") as fh:

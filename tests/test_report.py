@@ -203,6 +203,9 @@ def test_summary_numbers_match_the_csvs(report):
         r for r in affected if r["verdict"] in ("confirmed", "likely") and not r["excluded_by"]
     ]
     assert num(value("fact-affected")) == len(customer) == 3
+    # r-a1 read acct_beta's r-b1 and r-x1 read acct_internal's r-int0 (high); r-a2 only a
+    # temporal candidate: 2 of the 3 read another tenant's data on page-level evidence.
+    assert "2 of them read another tenant's data" in dom.by_id("fact-affected").text
     assert num(value("fact-recipients")) == sum(n["role"] == "recipient" for n in notes) == 2
     assert num(value("fact-sources")) == sum(n["role"] == "source" for n in notes) == 2
     assert sum(int(n["responses"]) for n in notes if n["role"] == "recipient") == len(customer)

@@ -65,7 +65,12 @@ def _print_result(console, result) -> None:
     if notices:
         # One line for the notices: a large incident has hundreds of them.
         folder = result.notices[0].parent
-        console.print(f"  {folder}/ ({len(notices):,} notices)", markup=False, highlight=False)
+        letters = sum(1 for p in notices if p.suffix == ".md")
+        console.print(
+            f"  {folder}/ ({letters:,} notices, each with a CSV of its requests)",
+            markup=False,
+            highlight=False,
+        )
 
 
 @app.command()

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from forensics.report.redact import Redactor
 from forensics.status import evidence_outcomes
-from forensics.verdicts import NOTIFIED_VERDICTS
+from forensics.verdicts import NOTIFIED_CONFIDENCES, NOTIFIED_VERDICTS
 
 if TYPE_CHECKING:
     import duckdb
@@ -502,6 +502,15 @@ def _summary(d: ReportData) -> dict[str, Any]:
         "review": len(d.review),
         "review_tenants": len({r["tenant_id"] for r in d.review if r["tenant_id"]}),
         "exposures": len(d.exposures),
+        "affected_foreign": len(
+            {
+                e["recipient_request_id"]
+                for e in d.exposures
+                if e["confidence"] in NOTIFIED_CONFIDENCES
+                and e["source_tenant_id"] != e["recipient_tenant_id"]
+                and not e["recipient_excluded_by"]
+            }
+        ),
         "methods": methods,
         "notified_tenants": len({n["tenant_id"] for n in d.notifications}),
     }
