@@ -28,6 +28,44 @@ def _dicts(cur) -> list[dict[str, Any]]:
     return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
+def _engine_only(con: duckdb.DuckDBPyConnection, request_id: str) -> list[dict[str, Any]]:
+    """An engine request with no client record, shaped like one (the engine's view of it)."""
+    legs = _dicts(
+        con.execute(
+            """SELECT l.*, e.path AS evidence_path FROM engine_legs l
+               LEFT JOIN evidence e USING (evidence_id)
+               WHERE l.request_id = $id ORDER BY l.started_at, l.role""",
+            {"id": request_id},
+        )
+    )
+    if not legs:
+        return []
+    decode = next((g for g in legs if g["role"] in ("decode", "unified")), legs[0])
+    prefill = next((g for g in legs if g["role"] == "prefill"), {})
+    tenant = con.execute(
+        "SELECT any_value(tenant_id) FROM findings_affected WHERE request_id = $id",
+        {"id": request_id},
+    ).fetchone()
+    return [
+        {
+            "request_id": request_id,
+            "tenant_id": tenant[0] if tenant else None,
+            "received_at": legs[0]["started_at"],
+            "http_status": None,
+            "prompt_tokens": decode.get("reserved_tokens") or decode.get("input_tokens") or 0,
+            "completion_tokens": None,
+            "ttft_ms": None,
+            "prefill_node": prefill.get("node"),
+            "decode_node": decode.get("node") if decode.get("role") != "prefill" else None,
+            "dp_rank": decode.get("dp_rank"),
+            "bootstrap_room": decode.get("bootstrap_room"),
+            "evidence_path": decode["evidence_path"],
+            "source_row": decode["source_row"],
+            "client_record": False,
+        }
+    ]
+
+
 def explain_request(con: duckdb.DuckDBPyConnection, request_id: str) -> Explanation:
     """Collect one request's evidence rows and findings.
 
@@ -41,6 +79,8 @@ def explain_request(con: duckdb.DuckDBPyConnection, request_id: str) -> Explanat
             {"id": request_id},
         )
     )
+    if not found:
+        found = _engine_only(con, request_id)
     if not found:
         raise ForensicsError(f"request {request_id!r} is not in this case")
     tables = {r[0] for r in con.execute("SHOW TABLES").fetchall()}

@@ -62,3 +62,24 @@ def test_detect_with_a_bad_manifest_names_the_key(tmp_path):
     result = runner.invoke(app, ["detect", str(tmp_path / "case.toml")])
     assert result.exit_code == 1
     assert "[detection].latency_factor" in result.output
+
+
+def test_explain_an_engine_only_victim_tells_the_engines_story(case_dir, tmp_path):
+    """The client log lost a victim's record: explain still shows its legs and signals."""
+    import shutil
+
+    from forensics.db import connect
+
+    folder = tmp_path / "lost"
+    shutil.copytree(case_dir, folder)
+    victim = next(csv.DictReader((folder / "truth" / "affected.csv").open()))["request_id"]
+    con = connect(folder / "case.duckdb")
+    con.execute("DELETE FROM requests WHERE request_id = ?", [victim])
+    con.close()
+    assert runner.invoke(app, ["detect", str(folder / "case.toml")]).exit_code == 0
+    result = runner.invoke(app, ["explain", str(folder / "case.toml"), victim])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert f"Request {victim} (tenant unknown)" in out
+    assert "no client record: this is the engine's view of the request" in out
+    assert "Signal prefill_rejected" in out and "Verdict: confirmed" in out

@@ -51,7 +51,9 @@ def explain(
     e = explain_request(con, request_id)
     echo = typer.echo
     r = e.request
-    echo(f"Request {r['request_id']} (tenant {r['tenant_id']})")
+    echo(f"Request {r['request_id']} (tenant {r['tenant_id'] or 'unknown'})")
+    if r.get("client_record") is False:
+        echo("  no client record: this is the engine's view of the request (its decode leg)")
     echo(
         f"  received {r['received_at']}, HTTP {r['http_status']}, prompt {r['prompt_tokens']:,}"
         f" tokens, completion {r['completion_tokens']}, TTFT {r['ttft_ms']} ms"
