@@ -23,7 +23,9 @@ lint: $(BIN)/forensics
 	$(BIN)/ruff format --check forensics tests benchmarks
 
 bench: $(BIN)/forensics
-	$(BIN)/python benchmarks/run.py
+	$(BIN)/python benchmarks/bench_detect.py --requests 1000000
+	$(BIN)/python benchmarks/bench_accuracy.py --seeds 1-5 --requests 40000
+	$(BIN)/python benchmarks/bench_exploitation.py --seeds 1-20 --requests 40000
 
 clean:
 	rm -rf $(VENV) sample_data/report sample_data/case.duckdb

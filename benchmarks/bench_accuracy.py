@@ -26,6 +26,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from bench_exploitation import seeds_arg  # run as a script: its folder is on sys.path
+
 MODES = {
     "legs": ["DELETE FROM kv_allocations"],
     "log": [],
@@ -40,14 +42,6 @@ MODES = {
     ],
     "engine": ["DELETE FROM kv_allocations", "DELETE FROM requests"],
 }
-
-
-def seeds_arg(text: str) -> list[int]:
-    out: list[int] = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        out += list(range(int(lo), int(hi or lo) + 1))
-    return out
 
 
 def run_seed(folder: Path, seed: int, requests: int, modes: list[str]) -> dict[str, dict]:
