@@ -15,6 +15,7 @@ from forensics.db import connect
 from forensics.detect import detect_case
 from forensics.evaluate import evaluate
 from forensics.ingest import ingest_case
+from forensics.scope import scope_case
 from forensics.simulate import simulate_case
 
 
@@ -40,7 +41,9 @@ def test_complete_logs_find_every_affected_response_and_exact_sources(loaded_cas
     con = _fresh(loaded_case, tmp_path)
     con.execute("DELETE FROM kv_allocations")  # allocator replay, not the log
     detect_case(con, loaded_case)
+    scope_case(con, loaded_case)
     ev = evaluate(con, loaded_case.folder / "truth")
+    assert ev.notified_sources.precision == ev.notified_sources.recall == 1.0, ev.lines()
     assert ev.affected.true_positive > 0
     assert ev.affected.recall == 1.0 and ev.affected.precision == 1.0, ev.lines()
     assert ev.exclusions_exact, ev.exclusion_mismatches
@@ -66,10 +69,14 @@ def test_temporal_only_keeps_every_source_tenant_ranked(loaded_case, tmp_path):
     con.execute("DELETE FROM kv_allocations")
     con.execute("DELETE FROM pool_snapshots WHERE role = 'decode'")
     summary = detect_case(con, loaded_case)
+    scope_case(con, loaded_case)
     ev = evaluate(con, loaded_case.folder / "truth")
     assert ev.methods.keys() == {"temporal"}
     assert ev.affected.recall == 1.0
     assert ev.source_pairs.recall == 1.0 and ev.source_tenants.recall == 1.0, ev.lines()
+    # Candidates only: nobody is told their data leaked, every true source is on review.
+    assert ev.notified_sources.true_positive == ev.notified_sources.false_positive == 0
+    assert ev.candidate_sources.recall >= 0.95, ev.lines()
     assert any("no pool snapshot" in w for w in summary.warnings)
     ranks = con.execute(
         """SELECT count(*) = count(DISTINCT (recipient_request_id, rank)) AND min(rank) = 1
@@ -87,6 +94,7 @@ def test_each_evidence_kind_removed_keeps_recall(loaded_case, tmp_path, removed)
     else:
         con.execute(f"DELETE FROM {removed}")
     summary = detect_case(con, loaded_case)
+    scope_case(con, loaded_case)
     ev = evaluate(con, loaded_case.folder / "truth")
     assert summary.warnings
     assert ev.affected.recall == 1.0, ev.lines()
@@ -100,6 +108,8 @@ def test_each_evidence_kind_removed_keeps_recall(loaded_case, tmp_path, removed)
         # where the replayed pool drifted) and adds candidates only for drifted victims.
         assert ev.source_tenants.recall >= 0.95, ev.lines()
         assert ev.source_tenants.precision >= 0.95, ev.lines()
+        assert ev.notified_sources.recall >= 0.95, ev.lines()
+        assert ev.notified_sources.precision >= 0.95, ev.lines()
     else:
         assert ev.source_tenants.recall == 1.0 or not ev.methods, ev.lines()
 
@@ -187,7 +197,6 @@ def test_engine_records_alone_find_every_affected_response(loaded_case, tmp_path
     """The client log is missing: the engines' own records still prove every exposure."""
     import json
 
-    from forensics.scope import scope_case
 
     con = _fresh(loaded_case, tmp_path)
     con.execute("DELETE FROM kv_allocations")
