@@ -197,7 +197,6 @@ def test_engine_records_alone_find_every_affected_response(loaded_case, tmp_path
     """The client log is missing: the engines' own records still prove every exposure."""
     import json
 
-
     con = _fresh(loaded_case, tmp_path)
     con.execute("DELETE FROM kv_allocations")
     con.execute("DELETE FROM requests")
