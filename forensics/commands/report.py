@@ -52,7 +52,7 @@ def _print_result(console, result) -> None:
     )
     console.print(
         f"Notify: {s['recipients']:,} recipient tenants, {s['sources']:,} source tenants."
-        f"  Review: {s['review']:,} candidates (review.csv)"
+        f"  Review: {s['review']:,} candidate{'' if s['review'] == 1 else 's'} (review.csv)"
     )
     console.print(f"Exploitation: {s['conclusion']}", markup=False)
     for message in result.messages:
