@@ -111,3 +111,8 @@ def test_fix_status_comes_from_a_marked_event_else_the_pool_snapshots(tmp_path):
     )
     letter = (_notices(tmp_path / "c", case_toml=marked) / "acct_other.md").read_text()
     assert "The cause was fixed on 1 September 2026, 16:30 UTC (Engine patch deployed)." in letter
+    # The report's summary says the same, from the same statement.
+    summary = (tmp_path / "c" / "out" / "report.md").read_text()
+    assert "| Cause fixed | 1 September 2026, 16:30 UTC | Basis: Engine patch deployed." in summary
+    summary = (tmp_path / "a" / "out" / "report.md").read_text()
+    assert "| Cause fixed | not shown by the logs |" in summary

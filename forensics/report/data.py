@@ -124,6 +124,8 @@ class ReportData:
     window: dict[str, str]
     exploitation_summary: dict[str, Any]
     coverage_summary: dict[str, Any] = field(default_factory=dict)
+    # Whether and when the cause was fixed (forensics.remediation), for the summary.
+    fix: dict[str, Any] = field(default_factory=dict)
     # What the evidence can support (forensics.basis): headline, per-figure caveats.
     basis: dict[str, Any] = field(default_factory=dict)
     # The evidence that did not load whole (partial, failed, missing), each with the
@@ -374,12 +376,27 @@ def load_report_data(
         window=window,
         exploitation_summary=expl_summary,
         coverage_summary=_coverage_summary(facts.get("coverage")),
+        fix=_fix(con, case, tx),
         basis=_basis(facts.get("evidence_basis"), tx),
         incomplete_evidence=incomplete,
     )
     data.summary = _summary(data)
     data.nodes = sorted({a["decode_node"] or "(unknown)" for a in affected})
     return data
+
+
+def _fix(con: duckdb.DuckDBPyConnection, case: Case, tx) -> dict[str, Any]:
+    """The remediation statement: the same one the notices give."""
+    from forensics.remediation import remediation_status
+
+    r = remediation_status(con, case)
+    return {
+        "fixed": r.fixed,
+        "fixed_at": r.fixed_at,
+        "basis": tx(r.basis),
+        "last_affected_at": r.last_affected_at,
+        "still_limited": [{"node": n, "limit": lim} for n, lim in r.still_limited],
+    }
 
 
 def _basis(value: Any, tx) -> dict[str, Any]:
