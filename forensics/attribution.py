@@ -1,6 +1,6 @@
 """Source attribution: whose KV each affected response read.
 
-Three methods, the best one each decode rank's evidence allows (DESIGN.md section 6):
+Three methods, the best one each decode rank's evidence allows (docs/architecture.md, section 5):
 
 1. ``allocation_log`` (confidence ``exact``): ``kv_allocations`` name the pages of every
    allocation, so the last writer of each stale page is known.

@@ -9,7 +9,7 @@ from forensics.attribution import PagePool
 
 
 class ListModel:
-    """The rule as DESIGN.md states it, with Python lists and nothing clever."""
+    """The allocator rule as docs/architecture.md states it, with Python lists, nothing clever."""
 
     def __init__(self, pages: int):
         self.free = list(range(1, pages + 1))

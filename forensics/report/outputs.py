@@ -1,4 +1,4 @@
-"""Write the report outputs of DESIGN.md section 7, byte for byte reproducible."""
+"""Write the report outputs the README lists, byte for byte reproducible."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The serving fleet: routing, which code path each request takes, and how long each leg lasts.
 
-Outcomes follow the engine exactly (see DESIGN.md section 1):
+Outcomes follow the engine exactly (see docs/architecture.md, section 1):
 
 - ``prompt >= context_length``: the tokenizer refuses it, HTTP 400, no engine leg.
 - ``threshold <= prompt`` on a patched engine: prefill retires it at intake, HTTP 400, nothing
