@@ -1,8 +1,9 @@
 """The canonical schema: the one contract shared by ingest, detection, scoping and the simulator.
 
-Every evidence kind has a fixed list of typed columns (the README's Evidence section). Ingest maps input
-columns onto these by name; anything else lands in ``extra`` (JSON). Each loaded row also carries
-``evidence_id`` and ``source_row`` so every finding can point back at the line it came from.
+Every evidence kind has a fixed list of typed columns (the README's Evidence section). Ingest
+maps input columns onto these by name; anything else lands in ``extra`` (JSON). Each loaded row
+also carries ``evidence_id`` and ``source_row`` so every finding can point back at the line it
+came from.
 """
 
 from __future__ import annotations

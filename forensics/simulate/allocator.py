@@ -1,6 +1,7 @@
 """The decode KV page allocator of one (decode node, dp rank), with page writers tracked.
 
-This is SGLang's paged allocator in PD mode (``need_sort``), as described in docs/architecture.md (section 5):
+This is SGLang's paged allocator in PD mode (``need_sort``), as docs/architecture.md (section 5)
+describes it:
 
 - pages ``1..P`` (page 0 is reserved); ``free_pages`` starts ascending, ``release_pages`` empty;
 - ``alloc(tokens)``: ``n = ceil(tokens / page_size)``; if ``n > len(free_pages)`` the freed pages
