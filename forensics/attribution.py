@@ -337,6 +337,7 @@ def _replay(
             pool.free(rid)
             continue
         drifted_before = bool(pool.shortfalls or pool.guesses)
+        own_short = False
         if firsts is not None:
             pages = pool.take(
                 rid,

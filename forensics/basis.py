@@ -61,12 +61,17 @@ KIND_LABELS = {
 }
 
 
-def evidence_basis(con: duckdb.DuckDBPyConnection, unknown_tenant_responses: int) -> EvidenceBasis:
+def evidence_basis(con: duckdb.DuckDBPyConnection) -> EvidenceBasis:
     """Count what was loaded and spell out what each headline figure can and cannot show.
 
+    Runs after verdicts and exclusions (it counts affected responses whose tenant is unknown).
     ``kv_allocations`` is optional (few engines write it) and its absence costs nothing the
     replay does not recover, so it is never reported missing.
     """
+    unknown_tenant_responses = con.execute(
+        "SELECT count(*) FROM findings_affected"
+        " WHERE notified_verdict(verdict) AND tenant_id IS NULL AND excluded_by IS NULL"
+    ).fetchone()[0]
     rows = {
         "requests": con.execute("SELECT count(*) FROM requests").fetchone()[0],
         "engine_legs": con.execute("SELECT count(*) FROM engine_legs").fetchone()[0],
@@ -106,8 +111,9 @@ def evidence_basis(con: duckdb.DuckDBPyConnection, unknown_tenant_responses: int
         )
         c["recipients"] = (
             "Tenants are named only where the engine records carry a tenant label;"
-            f" {unknown_tenant_responses:,} affected responses have no tenant and are on the"
-            " review list until their request ids are mapped to tenants."
+            f" {_responses(unknown_tenant_responses)} no tenant and "
+            f"{'is' if unknown_tenant_responses == 1 else 'are'} on the review list until"
+            " their request ids are mapped to tenants."
         )
         c["sources"] = "Sources are engine request ids: without the client log their tenants" + (
             " are unknown (pages from the allocation log)."
@@ -120,8 +126,8 @@ def evidence_basis(con: duckdb.DuckDBPyConnection, unknown_tenant_responses: int
         )
     elif unknown_tenant_responses:
         c["recipients"] = (
-            f"{unknown_tenant_responses:,} affected responses were found in engine records with"
-            " no client record: their tenant is unknown (review list)."
+            f"{_responses(unknown_tenant_responses)} only engine records, no client record:"
+            " the tenant is unknown (review list)."
         )
     if no_legs:
         c["affected"] = (
@@ -144,6 +150,15 @@ def evidence_basis(con: duckdb.DuckDBPyConnection, unknown_tenant_responses: int
             " temporal candidate on the review list and no tenant is notified as a source."
         )
     return basis
+
+
+def _responses(n: int) -> str:
+    """``n affected response(s) has/have``.
+
+    >>> _responses(1), _responses(3)
+    ('1 affected response has', '3 affected responses have')
+    """
+    return f"{n:,} affected response has" if n == 1 else f"{n:,} affected responses have"
 
 
 def record_basis(con: duckdb.DuckDBPyConnection, basis: EvidenceBasis) -> None:

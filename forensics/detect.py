@@ -274,11 +274,7 @@ def detect_case(con: duckdb.DuckDBPyConnection, case: Case) -> DetectSummary:
     exclusions.mark_exclusions(con, case.exclusions)
     attributed = attribution.attribute(con, params)
     warnings += attributed.warnings
-    unknown = con.execute(
-        "SELECT count(*) FROM findings_affected"
-        " WHERE notified_verdict(verdict) AND tenant_id IS NULL AND excluded_by IS NULL"
-    ).fetchone()[0]
-    evidence = basis.evidence_basis(con, unknown)
+    evidence = basis.evidence_basis(con)
     basis.record_basis(con, evidence)
     exploitation.assess(con, params, evidence)
     coverage.assess(con, params)

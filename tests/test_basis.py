@@ -1,0 +1,84 @@
+"""What the evidence can support: each missing kind and what it costs the headline figures."""
+
+from __future__ import annotations
+
+import pytest
+
+from forensics.basis import evidence_basis
+from forensics.db import connect, insert_rows
+from forensics.schema import FINDINGS_DDL
+
+REQUEST = {
+    "request_id": "r1",
+    "tenant_id": "t1",
+    "received_at": "2026-09-01T10:00:00Z",
+    "prompt_tokens": 10,
+    "http_status": 200,
+}
+LEG = {"request_id": "r1", "role": "decode", "node": "d0", "started_at": "2026-09-01T10:00:01Z"}
+PREFILL = {
+    "node": "p0",
+    "observed_at": "2026-09-01T00:00:00Z",
+    "max_total_num_tokens": 1000,
+    "role": "prefill",
+}
+DECODE = {
+    "node": "d0",
+    "observed_at": "2026-09-01T00:00:00Z",
+    "max_total_num_tokens": 1000,
+    "role": "decode",
+}
+
+
+def _db(*kinds):
+    con = connect(":memory:")
+    for ddl in FINDINGS_DDL.values():
+        con.execute(ddl)
+    rows = {"requests": [REQUEST], "engine_legs": [LEG], "prefill": [PREFILL], "decode": [DECODE]}
+    for kind in kinds:
+        insert_rows(con, "pool_snapshots" if kind in ("prefill", "decode") else kind, rows[kind])
+    return con
+
+
+def test_complete_evidence_has_no_caveat():
+    basis = evidence_basis(_db("requests", "engine_legs", "prefill", "decode"))
+    assert basis.complete and basis.can_clear and basis.caveats == {} and basis.headline() == ""
+
+
+def test_nothing_loaded_is_never_an_all_clear():
+    basis = evidence_basis(_db("prefill", "decode"))
+    assert not basis.can_clear
+    assert basis.missing == ["requests", "engine_legs"]
+    assert basis.caveats["affected"].startswith("Cannot be determined")
+    assert "not that nothing happened" in basis.caveats["affected"]
+
+
+@pytest.mark.parametrize(
+    "present,missing,figure,phrase",
+    [
+        (("engine_legs", "prefill", "decode"), "requests", "exploitation", "Cannot be assessed"),
+        (("engine_legs", "prefill", "decode"), "requests", "affected", "engine records alone"),
+        (("requests", "prefill", "decode"), "engine_legs", "affected", "no verdict is confirmed"),
+        (("requests", "engine_legs", "decode"), "prefill_snapshots", "affected", "default_pool"),
+        (("requests", "engine_legs", "prefill"), "decode_snapshots", "sources", "review list"),
+    ],
+)
+def test_each_missing_kind_says_what_it_costs(present, missing, figure, phrase):
+    basis = evidence_basis(_db(*present))
+    assert basis.missing == [missing]
+    assert phrase in basis.caveats[figure]
+    assert basis.can_clear
+    assert missing in basis.headline()
+
+
+def test_affected_responses_without_a_tenant_are_counted():
+    con = _db("engine_legs", "prefill", "decode")
+    con.execute(
+        "INSERT INTO findings_affected (request_id, tenant_id, verdict)"
+        " VALUES ('e1', NULL, 'confirmed'), ('e2', NULL, 'possible'), ('e3', 't', 'likely')"
+    )
+    basis = evidence_basis(con)
+    assert basis.unknown_tenant_responses == 1
+    assert (
+        "1 affected response has no tenant and is on the review list" in basis.caveats["recipients"]
+    )
