@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from forensics.report.data import NOTIFIED, iso, utc
+from forensics.verdicts import NOTIFIED_CONFIDENCES
 
 if TYPE_CHECKING:
     import duckdb
@@ -112,15 +113,36 @@ def _count_axis(top: int):
     return alt.Axis(values=list(range(0, top + step, step)), format="d")
 
 
+def _markers(data: ReportData) -> list[dict]:
+    """Timeline events worth a line on a time axis: the fix, manifest events, pool changes."""
+    out = []
+    for e in data.timeline:
+        if e["source"] == "findings" or e["at"] is None:
+            continue
+        kind = "pool change" if e["source"] == "pool snapshots" else "event"
+        if e["source"] == "manifest" and e.get("fix"):
+            kind = "fix"
+        out.append({"at": iso(e["at"]), "kind": kind, "event": e["event"]})
+    # Several nodes change at one instant: one line with one label is enough.
+    seen: dict[tuple[str, str], dict] = {}
+    for m in out:
+        seen.setdefault((m["at"], m["kind"]), m)
+    return [seen[k] for k in sorted(seen)]
+
+
 def affected_over_time(data: ReportData) -> Chart:
-    """Stacked bars of affected responses per time bucket, by verdict."""
+    """Stacked bars of affected responses per time bucket, by verdict, over the whole window,
+    with the fix, manifest events and pool changes marked."""
     title = "Affected responses over time"
     rows = [a for a in data.affected if a["received_at"] is not None]
     if not rows:
         return Chart("chart-over-time", title, None, "No affected responses: nothing to plot.")
     import altair as alt
 
-    start, end = rows[0]["received_at"], rows[-1]["received_at"]
+    # The whole analysis window, not just the span of the hits: the empty days after the fix
+    # are how a reader sees that the exposure stopped.
+    start = min([utc(data.window.get("start")) or rows[0]["received_at"], rows[0]["received_at"]])
+    end = max([utc(data.window.get("end")) or rows[-1]["received_at"], rows[-1]["received_at"]])
     size, label = _bucket(end - start)
     epoch = start.replace(hour=0, minute=0, second=0, microsecond=0)
     counts: dict[tuple[str, str], int] = {}
@@ -134,7 +156,8 @@ def affected_over_time(data: ReportData) -> Chart:
     ]
     verdicts = [v for v in VERDICT_COLORS if any(r["verdict"] == v for r in values)]
     stack_max = max(_stack_totals(values, "bucket").values())
-    chart = (
+    x_scale = alt.Scale(type="utc", domain=[iso(epoch), iso(end)])
+    bars = (
         alt.Chart(alt.Data(values=values))
         .mark_bar(stroke="white", strokeWidth=0.5)
         .encode(
@@ -142,8 +165,8 @@ def affected_over_time(data: ReportData) -> Chart:
             x=alt.X(
                 "bucket:T",
                 title=f"received (UTC, per {label})",
-                scale=alt.Scale(type="utc"),
-                axis=alt.Axis(format="%Y-%m-%d %H:%M", labelAngle=-30),
+                scale=x_scale,
+                axis=alt.Axis(format="%Y-%m-%d", labelAngle=-30),
             ),
             x2="end:T",
             y=alt.Y("sum(responses):Q", title="responses", axis=_count_axis(stack_max)),
@@ -154,28 +177,113 @@ def affected_over_time(data: ReportData) -> Chart:
             ),
             order=alt.Order("rank:Q"),
         )
-        .properties(width=640, height=220)
     )
+    layers = [bars]
+    markers = _markers(data)
+    if markers:
+        marks = [m | {"y": 10 + 12 * (i % 4)} for i, m in enumerate(markers)]
+        base = alt.Chart(alt.Data(values=marks))
+        layers.append(
+            base.mark_rule(strokeWidth=1.5).encode(
+                x=alt.X("at:T", scale=x_scale),
+                color=alt.Color(
+                    "kind:N",
+                    scale=alt.Scale(domain=list(MARKER_COLORS), range=list(MARKER_COLORS.values())),
+                    title="marker",
+                ),
+                strokeDash=alt.StrokeDash(
+                    "kind:N",
+                    scale=alt.Scale(domain=list(MARKER_COLORS), range=[[1, 0], [4, 3], [2, 2]]),
+                    legend=None,
+                ),
+            )
+        )
+        layers.append(
+            base.mark_text(align="left", dx=3, fontSize=10, color="#333").encode(
+                x=alt.X("at:T", scale=x_scale),
+                y=alt.Y("y:Q", scale=None, axis=None),
+                text="kind:N",
+            )
+        )
+    chart = alt.layer(*layers).resolve_scale(color="independent").properties(width=640, height=220)
     caption = (
-        f"{len(rows)} responses with a verdict, counted per {label} of arrival (UTC); "
-        "excluded traffic in grey whatever its verdict."
+        f"{len(rows)} responses with a verdict, counted per {label} of arrival (UTC) across the"
+        f" whole window ({iso(epoch)} to {iso(end)}); excluded traffic in grey whatever its"
+        " verdict."
     )
+    if markers:
+        caption += (
+            " Vertical lines: "
+            + "; ".join(f"{m['kind']} at {m['at']} ({m['event']})" for m in markers)
+            + "."
+        )
     return Chart("chart-over-time", title, _to_svg(_config(chart)), caption)
 
 
-def tokens_vs_ttft(con: duckdb.DuckDBPyConnection, data: ReportData) -> Chart:
-    """Prompt tokens against time to first token, threshold lines and flagged points marked."""
-    title = "Prompt tokens against time to first token"
-    flagged = {a["request_id"]: a["verdict"] for a in data.affected}
+MARKER_COLORS = {"fix": "#1a7f37", "event": "#555555", "pool change": "#0b4f8a"}
+FIT_FROM_TOKENS = 4096  # latency_too_good fits on prompts at least this long
+FLAGGED_SAMPLE = 3000
+
+
+def _expected_ttft(con: duckdb.DuckDBPyConnection) -> tuple[float, float, float] | None:
+    """The expected-TTFT line latency_too_good fitted (log-log: intercept, slope) and its
+    factor, read back from two of its flagged requests: each signal's threshold is the factor
+    times the expected TTFT at that prompt length, so two lengths give the line exactly."""
+    import math
+
     rows = con.execute(
-        """SELECT request_id, prompt_tokens,
-                  coalesce(ttft_ms, epoch_ms(first_token_at) - epoch_ms(received_at)) AS ttft
-           FROM requests
-           WHERE prompt_tokens > 0
-             AND coalesce(ttft_ms, epoch_ms(first_token_at) - epoch_ms(received_at)) > 0
-           ORDER BY md5(request_id), request_id"""
+        """SELECT d.parameters, min(r.prompt_tokens), max(r.prompt_tokens),
+                  arg_min(s.threshold, r.prompt_tokens), arg_max(s.threshold, r.prompt_tokens)
+           FROM findings_signals s
+           JOIN requests r USING (request_id)
+           JOIN findings_detectors d ON d.detector_id = s.detector_id
+           WHERE s.signal = 'latency_too_good' AND s.threshold > 0 AND r.prompt_tokens > 0
+           GROUP BY d.parameters"""
     ).fetchall()
     if not rows:
+        return None
+    import json
+
+    params, lo, hi, t_lo, t_hi = rows[0]
+    factor = float(json.loads(params).get("latency_factor") or 0)
+    if not factor or lo == hi:
+        return None
+    slope = (math.log(t_hi) - math.log(t_lo)) / (math.log(hi) - math.log(lo))
+    intercept = math.log(t_lo / factor) - slope * math.log(lo)
+    return intercept, slope, factor
+
+
+def tokens_vs_ttft(con: duckdb.DuckDBPyConnection, data: ReportData) -> Chart:
+    """Prompt tokens against time to first token: flagged requests by verdict (excluded traffic
+    apart), a sample of the rest, the prefill limits, and the expected-TTFT curve.
+
+    Sampled in SQL (a hash of the request id), so the chart costs the same whatever the case's
+    size or the number of hits."""
+    import math
+
+    title = "Prompt tokens against time to first token"
+    ctx = (data.case_facts.get("parameters") or {}).get("context_length")
+    ttft = "coalesce(r.ttft_ms, epoch_ms(r.first_token_at) - epoch_ms(r.received_at))"
+    usable = f"r.prompt_tokens > 0 AND {ttft} > 0"
+    in_view = usable + (" AND r.prompt_tokens < $ctx" if ctx else "")
+    args = {"ctx": ctx} if ctx else {}
+    flagged_sql = f"""FROM requests r JOIN findings_affected a USING (request_id)
+                      WHERE {in_view}"""
+    plain_sql = f"""FROM requests r
+                    WHERE {in_view}
+                      AND r.request_id NOT IN (SELECT request_id FROM findings_affected)"""
+    n_flagged, n_plain = (
+        con.execute(f"SELECT count(*) {flagged_sql}", args).fetchone()[0],
+        con.execute(f"SELECT count(*) {plain_sql}", args).fetchone()[0],
+    )
+    beyond = (
+        con.execute(
+            f"SELECT count(*) FROM requests r WHERE {usable} AND r.prompt_tokens >= $ctx", args
+        ).fetchone()[0]
+        if ctx
+        else 0
+    )
+    if not n_flagged and not n_plain:
         return Chart(
             "chart-ttft",
             title,
@@ -184,40 +292,77 @@ def tokens_vs_ttft(con: duckdb.DuckDBPyConnection, data: ReportData) -> Chart:
         )
     import altair as alt
 
-    marked = [r for r in rows if r[0] in flagged]
-    plain = [r for r in rows if r[0] not in flagged]
-    # Ordered by md5 of the id: a deterministic sample that is not biased by time or tenant.
-    shown = plain[:UNFLAGGED_SAMPLE]
+    flagged = con.execute(
+        f"""SELECT r.prompt_tokens, {ttft}, a.verdict, a.excluded_by IS NOT NULL {flagged_sql}
+            ORDER BY md5(r.request_id), r.request_id LIMIT {FLAGGED_SAMPLE}""",
+        args,
+    ).fetchall()
+    plain = con.execute(
+        f"""SELECT r.prompt_tokens, {ttft} {plain_sql}
+            ORDER BY md5(r.request_id), r.request_id LIMIT {UNFLAGGED_SAMPLE}""",
+        args,
+    ).fetchall()
     values = [
         {"prompt_tokens": p, "ttft_ms": round(float(t), 3), "verdict": "not flagged"}
-        for _, p, t in sorted(shown, key=lambda r: r[0])
+        for p, t in plain
     ] + [
-        {"prompt_tokens": p, "ttft_ms": round(float(t), 3), "verdict": flagged[rid]}
-        for rid, p, t in sorted(marked, key=lambda r: r[0])
+        {
+            "prompt_tokens": p,
+            "ttft_ms": round(float(t), 3),
+            "verdict": "excluded traffic" if excluded else verdict,
+        }
+        for p, t, verdict, excluded in flagged
     ]
-    domain = ["not flagged"] + [
-        v for v in VERDICT_COLORS if any(m[0] in flagged and flagged[m[0]] == v for m in marked)
-    ]
-    colors = ["#bbbbbb"] + [VERDICT_COLORS[v] for v in domain[1:]]
+    present = {v["verdict"] for v in values}
+    domain = [v for v in ["not flagged", *VERDICT_COLORS] if v in present]
+    colors = [VERDICT_COLORS.get(v, "#bbbbbb") for v in domain]
+    x_max = ctx or max(v["prompt_tokens"] for v in values)
+    x_min = min(v["prompt_tokens"] for v in values)
+    x_scale = alt.Scale(type="log", domain=[max(1, x_min), x_max], nice=False)
+    y_scale = alt.Scale(type="log")
     points = (
         alt.Chart(alt.Data(values=values))
         .mark_point(filled=True, size=28, opacity=0.75)
         .encode(
-            x=alt.X("prompt_tokens:Q", title="prompt tokens (log)", scale=alt.Scale(type="log")),
-            y=alt.Y(
-                "ttft_ms:Q", title="time to first token, ms (log)", scale=alt.Scale(type="log")
-            ),
-            color=alt.Color(
-                "verdict:N",
-                scale=alt.Scale(domain=domain, range=colors),
-                sort=domain,
-                title="verdict",
-            ),
-            shape=alt.Shape(
-                "verdict:N", scale=alt.Scale(domain=domain), sort=domain, title="verdict"
-            ),
+            x=alt.X("prompt_tokens:Q", title="prompt tokens (log)", scale=x_scale),
+            y=alt.Y("ttft_ms:Q", title="time to first token, ms (log)", scale=y_scale),
+            color=alt.Color("verdict:N", scale=alt.Scale(domain=domain, range=colors), sort=domain),
+            shape=alt.Shape("verdict:N", scale=alt.Scale(domain=domain), sort=domain),
         )
     )
+    layers = [points]
+    fit = _expected_ttft(con)
+    if fit:
+        intercept, slope, factor = fit
+        # Over the lengths the fit was made for (long enough that prefill, not queueing, sets
+        # the TTFT) up to the end of the axis.
+        lo = max(x_min, FIT_FROM_TOKENS)
+        xs = [lo * (x_max / lo) ** (k / 24) for k in range(25)] if x_max > lo else []
+        curve = [
+            {
+                "prompt_tokens": x,
+                "ttft_ms": scale * math.exp(intercept + slope * math.log(x)),
+                "line": name,
+            }
+            for name, scale in (("expected TTFT", 1.0), (f"{factor:g} x expected", factor))
+            for x in xs
+        ]
+        names = ["expected TTFT", f"{factor:g} x expected"]
+        if curve:
+            layers.append(
+                alt.Chart(alt.Data(values=curve))
+                .mark_line(color="#555", strokeWidth=1)
+                .encode(
+                    x=alt.X("prompt_tokens:Q", scale=x_scale),
+                    y=alt.Y("ttft_ms:Q", scale=y_scale),
+                    strokeDash=alt.StrokeDash(
+                        "line:N",
+                        scale=alt.Scale(domain=names, range=[[1, 0], [3, 3]]),
+                        sort=names,
+                        title="fitted",
+                    ),
+                )
+            )
     thresholds = sorted({a["threshold_tokens"] for a in data.affected if a["threshold_tokens"]})
     if not thresholds:
         thresholds = sorted(
@@ -227,7 +372,7 @@ def tokens_vs_ttft(con: duckdb.DuckDBPyConnection, data: ReportData) -> Chart:
                 "WHERE max_req_input_len IS NOT NULL"
             ).fetchall()
         )
-    layers = [points]
+    thresholds = [t for t in thresholds if t <= x_max]
     if thresholds:
         # Limits can sit close together on a log axis: stagger their labels down the plot so
         # they never print over each other.
@@ -235,57 +380,94 @@ def tokens_vs_ttft(con: duckdb.DuckDBPyConnection, data: ReportData) -> Chart:
             {"threshold": t, "label": f"{t:,}", "y": 8 + 12 * i} for i, t in enumerate(thresholds)
         ]
         base = alt.Chart(alt.Data(values=rule_values))
-        layers.append(base.mark_rule(color="#333", strokeDash=[5, 3]).encode(x="threshold:Q"))
+        layers.append(
+            base.mark_rule(color="#333", strokeDash=[5, 3]).encode(
+                x=alt.X("threshold:Q", scale=x_scale)
+            )
+        )
         layers.append(
             base.mark_text(align="right", dx=-4, fontSize=10, color="#333").encode(
-                x="threshold:Q", y=alt.Y("y:Q", scale=None, axis=None), text="label:N"
+                x=alt.X("threshold:Q", scale=x_scale),
+                y=alt.Y("y:Q", scale=None, axis=None),
+                text="label:N",
             )
         )
     chart = alt.layer(*layers).properties(width=640, height=300)
-    parts = [f"{len(marked)} flagged requests (coloured by verdict)"]
-    if len(plain) > len(shown):
-        parts.append(
-            f"a deterministic sample of {len(shown):,} of {len(plain):,} unflagged requests "
-            "(chosen by a hash of the request id)"
+    shown_flagged = (
+        f"all {n_flagged:,} flagged requests"
+        if n_flagged <= FLAGGED_SAMPLE
+        else f"{len(flagged):,} of {n_flagged:,} flagged requests (a sample by a hash of the"
+        " request id)"
+    )
+    shown_plain = (
+        f"all {n_plain:,} unflagged requests"
+        if n_plain <= UNFLAGGED_SAMPLE
+        else f"a sample of {len(plain):,} of {n_plain:,} unflagged requests (by a hash of the"
+        " request id)"
+    )
+    caption = (
+        f"Shows {shown_flagged}, coloured by verdict with excluded traffic in grey, and"
+        f" {shown_plain}. Dashed vertical lines: the prefill input limits"
+        + (" (" + ", ".join(f"{t:,}" for t in thresholds) + " tokens)" if thresholds else "")
+        + "; prompts at or above a node's limit should have been rejected."
+    )
+    if fit:
+        caption += (
+            f" Solid line: the TTFT latency_too_good expects for each length, fitted on this"
+            f" case's unflagged traffic; dotted: {fit[2]:g} of it, below which a response is"
+            " too fast."
         )
     else:
-        parts.append(f"all {len(plain):,} unflagged requests")
-    caption = (
-        "Shows " + " and ".join(parts) + ". Dashed lines: the prefill input limits "
-        "(max_req_input_len) in force at some time"
-        + (" (" + ", ".join(f"{t:,}" for t in thresholds) + " tokens)" if thresholds else "")
-        + "; prompts at or above a node's limit should have been rejected. "
-        "Both axes are logarithmic."
-    )
+        caption += " No latency fit was flagged on, so no expected-TTFT curve is drawn."
+    if ctx:
+        caption += f" The axis ends at the context length ({ctx:,} tokens)"
+        caption += (
+            f"; {beyond:,} longer prompts (refused by the tokenizer) are not drawn."
+            if beyond
+            else "."
+        )
+    caption += " Both axes are logarithmic."
     if not thresholds:
-        caption += " No input limit is known for this case, so no line is drawn."
+        caption += " No input limit is known for this case, so no limit line is drawn."
     return Chart("chart-ttft", title, _to_svg(_config(chart)), caption)
 
 
-def per_node(data: ReportData) -> Chart:
-    """Affected responses per decode node, by verdict."""
-    title = "Affected responses per decode node"
+def per_rank(data: ReportData) -> Chart:
+    """Where victims and sources sat: per decode node and rank, the affected responses (by
+    verdict) and the distinct earlier requests whose KV they read."""
+    title = "Where affected responses and their sources sat (decode node / rank)"
     if not data.affected:
         return Chart("chart-nodes", title, None, "No affected responses: nothing to plot.")
     import altair as alt
 
+    def place(a: dict) -> str:
+        node = a["decode_node"] or "(unknown)"
+        return f"{node} / {a['dp_rank']}" if a.get("dp_rank") is not None else node
+
+    where = {a["request_id"]: place(a) for a in data.affected}
     counts: dict[tuple[str, str], int] = {}
     for a in data.affected:
-        key = (a["decode_node"] or "(unknown)", _category(a))
+        key = (place(a), _category(a))
         counts[key] = counts.get(key, 0) + 1
-    values = [
-        {"node": n, "verdict": v, "rank": _RANK[v], "responses": c}
+    victims = [
+        {"place": n, "verdict": v, "rank": _RANK[v], "responses": c}
         for (n, v), c in sorted(counts.items())
     ]
-    verdicts = [v for v in VERDICT_COLORS if any(r["verdict"] == v for r in values)]
-    nodes = sorted({r["node"] for r in values})
-    stack_max = max(_stack_totals(values, "node").values())
-    chart = (
-        alt.Chart(alt.Data(values=values))
+    sources: dict[str, set] = {}
+    for e in data.exposures:
+        if e["recipient_request_id"] in where and e["confidence"] in NOTIFIED_CONFIDENCES:
+            sources.setdefault(where[e["recipient_request_id"]], set()).add(e["source_request_id"])
+    source_values = [{"place": n, "sources": len(s)} for n, s in sorted(sources.items())]
+    verdicts = [v for v in VERDICT_COLORS if any(r["verdict"] == v for r in victims)]
+    places = sorted({r["place"] for r in victims} | set(sources))
+    height = max(60, 22 * len(places))
+    stack_max = max(_stack_totals(victims, "place").values())
+    left = (
+        alt.Chart(alt.Data(values=victims))
         .mark_bar()
         .encode(
-            y=alt.Y("node:N", title="decode node", sort=nodes),
-            x=alt.X("sum(responses):Q", title="responses", axis=_count_axis(stack_max)),
+            y=alt.Y("place:N", title="decode node / rank", sort=places),
+            x=alt.X("sum(responses):Q", title="affected responses", axis=_count_axis(stack_max)),
             color=alt.Color(
                 "verdict:N",
                 scale=alt.Scale(domain=verdicts, range=[VERDICT_COLORS[v] for v in verdicts]),
@@ -293,16 +475,28 @@ def per_node(data: ReportData) -> Chart:
             ),
             order=alt.Order("rank:Q"),
         )
-        .properties(width=560, height=max(60, 24 * len(nodes)))
+        .properties(width=300, height=height)
     )
+    right = (
+        alt.Chart(alt.Data(values=source_values or [{"place": places[0], "sources": 0}]))
+        .mark_bar(color="#0b4f8a")
+        .encode(
+            y=alt.Y("place:N", sort=places, axis=alt.Axis(labels=False, title=None)),
+            x=alt.X("sources:Q", title="earlier requests read (page-level)"),
+        )
+        .properties(width=260, height=height)
+    )
+    chart = alt.hconcat(left, right)
     notified = sum(1 for a in data.affected if a["verdict"] in NOTIFIED)
     caption = (
-        f"{len(data.affected)} responses with a verdict on {len(nodes)} decode nodes "
-        f"({notified} confirmed or likely); excluded traffic in grey whatever its verdict."
+        f"{len(data.affected)} responses with a verdict ({notified} confirmed or likely) on"
+        f" {len(places)} decode node / rank pairs; excluded traffic in grey whatever its"
+        " verdict. Right: the distinct earlier requests whose KV page-level attribution says"
+        " they read there."
     )
     return Chart("chart-nodes", title, _to_svg(_config(chart)), caption)
 
 
 def build_charts(con: duckdb.DuckDBPyConnection, data: ReportData) -> list[Chart]:
     """Every chart of the report, in display order."""
-    return [affected_over_time(data), tokens_vs_ttft(con, data), per_node(data)]
+    return [affected_over_time(data), tokens_vs_ttft(con, data), per_rank(data)]

@@ -445,7 +445,10 @@ def _window(value: Any, case: Case) -> dict[str, str]:
 
 
 def _timeline(con: duckdb.DuckDBPyConnection, case: Case, affected: list[dict]) -> list[dict]:
-    events = [{"at": utc(ev.at), "source": "manifest", "event": ev.event} for ev in case.timeline]
+    events = [
+        {"at": utc(ev.at), "source": "manifest", "event": ev.event, "fix": ev.fix}
+        for ev in case.timeline
+    ]
     notified = [a for a in affected if a["verdict"] in NOTIFIED]
     for label, a in (("First", notified[:1]), ("Last", notified[-1:])):
         for row in a:
