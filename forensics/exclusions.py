@@ -24,7 +24,7 @@ def describe_rule(ex: Exclusion) -> str:
 
     >>> from forensics.case import Exclusion
     >>> describe_rule(Exclusion(name="r", tenant_ids=("acct_a",), user_agent_regex="^canary"))
-    "tenant_id in ['acct_a'] or user_agent ~ /^canary/"
+    "tenant_id in ['acct_a'] or user_agent matches regex '^canary'"
     """
     parts = []
     if ex.tenant_ids:
@@ -34,7 +34,8 @@ def describe_rule(ex: Exclusion) -> str:
     if ex.client_cidrs:
         parts.append(f"client_ip in {list(ex.client_cidrs)}")
     if ex.user_agent_regex:
-        parts.append(f"user_agent ~ /{ex.user_agent_regex}/")
+        # Quoted, not between slashes: a pattern ending in "/" would read as "//".
+        parts.append(f"user_agent matches regex {ex.user_agent_regex!r}")
     text = " or ".join(parts)
     if ex.start or ex.end:
         start = ex.start.isoformat().replace("+00:00", "Z") if ex.start else "..."

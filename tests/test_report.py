@@ -209,11 +209,24 @@ def test_summary_numbers_match_the_csvs(report):
     assert num(value("fact-recipients")) == sum(n["role"] == "recipient" for n in notes) == 2
     assert num(value("fact-sources")) == sum(n["role"] == "source" for n in notes) == 2
     assert sum(int(n["responses"]) for n in notes if n["role"] == "recipient") == len(customer)
+    # Tenants to notify: distinct tenants of notifications.csv (alpha, XSS, beta, traversal),
+    # of the 6 tenants with traffic no exclusion matched (alpha, beta, gamma, delta, XSS,
+    # traversal).
+    assert num(value("fact-notify")) == len({n["tenant_id"] for n in notes}) == 4
+    assert "Of 6 customer tenants" in dom.by_id("fact-notify").text
+    # First to last confirmed or likely response, excluded traffic included (r-a1 .. r-int1).
+    notified = [r for r in affected if r["verdict"] in ("confirmed", "likely")]
+    assert min(r["received_at"] for r in notified) == "2026-09-01T10:00:00Z"
+    assert max(r["received_at"] for r in notified) == "2026-09-01T12:00:00Z"
+    assert value("fact-exposure") == "1 September 2026, 10:00 UTC to 1 September 2026, 12:00 UTC"
     assert value("fact-window") == "2026-09-01T00:00:00Z to 2026-09-02T00:00:00Z"
     assert "researcher only" in value("fact-exploitation")
     assert value("fact-coverage") == "incomplete"
     for fact in (
         "fact-affected",
+        "fact-notify",
+        "fact-exposure",
+        "fact-fix",
         "fact-recipients",
         "fact-sources",
         "fact-window",
@@ -303,8 +316,8 @@ def test_timeline_has_manifest_and_derived_events(report):
         (
             "2026-09-01T15:00:00Z",
             "pool snapshots",
-            "Configuration change on prefill-1: max_total_num_tokens 681,280 -> 1,048,576, "
-            "max_req_input_len 681,274 -> 1,048,570",
+            "Configuration change on prefill-1: max_total_num_tokens 681,280 → 1,048,576, "
+            "max_req_input_len 681,274 → 1,048,570",
         )
     ]
 

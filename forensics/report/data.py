@@ -124,6 +124,8 @@ class ReportData:
     window: dict[str, str]
     exploitation_summary: dict[str, Any]
     coverage_summary: dict[str, Any] = field(default_factory=dict)
+    # Tenants in the client log that no exclusion matched: what "of how many" counts against.
+    customer_tenants: int = 0
     # Whether and when the cause was fixed (forensics.remediation), for the summary.
     fix: dict[str, Any] = field(default_factory=dict)
     # What the evidence can support (forensics.basis): headline, per-figure caveats.
@@ -377,6 +379,10 @@ def load_report_data(
         exploitation_summary=expl_summary,
         coverage_summary=_coverage_summary(facts.get("coverage")),
         fix=_fix(con, case, tx),
+        customer_tenants=con.execute(
+            """SELECT count(DISTINCT tenant_id) FROM requests
+               WHERE request_id NOT IN (SELECT request_id FROM findings_excluded)"""
+        ).fetchone()[0],
         basis=_basis(facts.get("evidence_basis"), tx),
         incomplete_evidence=incomplete,
     )
@@ -481,11 +487,11 @@ def _timeline(con: duckdb.DuckDBPyConnection, case: Case, affected: list[dict]) 
         parts = []
         if c["max_total_num_tokens"] != c["prev_pool"]:
             parts.append(
-                f"max_total_num_tokens {_num(c['prev_pool'])} -> {_num(c['max_total_num_tokens'])}"
+                f"max_total_num_tokens {_num(c['prev_pool'])} → {_num(c['max_total_num_tokens'])}"
             )
         if c["max_req_input_len"] != c["prev_input"]:
             parts.append(
-                f"max_req_input_len {_num(c['prev_input'])} -> {_num(c['max_req_input_len'])}"
+                f"max_req_input_len {_num(c['prev_input'])} → {_num(c['max_req_input_len'])}"
             )
         events.append(
             {
@@ -509,6 +515,7 @@ def _summary(d: ReportData) -> dict[str, Any]:
 
     recipients = [n for n in d.notifications if n["role"] == "recipient"]
     sources = [n for n in d.notifications if n["role"] == "source"]
+    notified_at = [a["received_at"] for a in d.affected if a["verdict"] in NOTIFIED]
     methods = ", ".join(f"{m} ({n})" for m, n in d.attribution_methods.items()) or "none"
     return {
         "affected": count(lambda a: a["verdict"] in NOTIFIED and not a["excluded_by"]),
@@ -533,4 +540,10 @@ def _summary(d: ReportData) -> dict[str, Any]:
         ),
         "methods": methods,
         "notified_tenants": len({n["tenant_id"] for n in d.notifications}),
+        "both_roles": len({n["tenant_id"] for n in recipients} & {n["tenant_id"] for n in sources}),
+        "customer_tenants": d.customer_tenants,
+        # The exposure actually observed: first and last confirmed or likely response, any
+        # traffic (the analysis window is wider).
+        "first_affected": min(notified_at, default=None),
+        "last_affected": max(notified_at, default=None),
     }

@@ -51,12 +51,19 @@ def plural(count: int, word: str, many: str | None = None) -> str:
 def md_text(value: Any) -> str:
     r"""Prose safe inside Markdown (and a Markdown table cell): no raw HTML, no cell breaks.
 
-    >>> md_text("<b>|x</b>")
-    '&lt;b&gt;\\|x&lt;/b&gt;'
+    Backslash escapes rather than HTML entities, so the file reads as text too: ``<`` (which
+    could open a tag), ``&`` where it would start an entity, ``|`` and backticks. A ``>``
+    mid-line is plain text in Markdown and stays as written.
+
+    >>> print(md_text("<b>|x</b> & 681,280 -> 1,310,720 &amp;"))
+    \<b>\|x\</b> & 681,280 -> 1,310,720 \&amp;
     """
+    import re
+
     text = "" if value is None else str(value)
-    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    text = text.replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`")
+    text = text.replace("\\", "\\\\").replace("<", "\\<").replace("|", "\\|")
+    text = text.replace("`", "\\`")
+    text = re.sub(r"&(?=#?[0-9A-Za-z]+;)", r"\\&", text)
     return " ".join(text.split())
 
 
