@@ -638,6 +638,9 @@ def test_run_end_to_end_on_a_simulated_case(tmp_path):
     assert num(dom.by_id("fact-sources").find_all("span")[0].text) == sum(
         n["role"] == "source" for n in notes
     )
+    # With complete logs the simulator's own counts use the report's definitions and agree.
+    assert summary.recipient_tenants == sum(n["role"] == "recipient" for n in notes)
+    assert summary.source_tenants == sum(n["role"] == "source" for n in notes)
     for chart in ("chart-over-time", "chart-ttft", "chart-nodes"):
         assert dom.by_id(chart).find_all("svg"), chart
     # Every notified tenant has exactly one notice, and no notice names the researcher.

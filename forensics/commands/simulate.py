@@ -69,8 +69,8 @@ def simulate(
     typer.echo(f"Wrote {s.case_path} ({files})")
     typer.echo(
         f"{s.requests:,} requests; {s.affected} affected ({s.affected_excluded} excluded); "
-        f"{s.exposures:,} exposures; {s.recipient_tenants} customer recipient tenants; "
-        f"{s.source_tenants} source tenants"
+        f"{s.exposures:,} exposures; to notify, as the report counts them: "
+        f"{s.recipient_tenants} recipient tenants, {s.source_tenants} source tenants"
     )
     if s.probers:
         typer.echo(

@@ -52,8 +52,10 @@ class SimulationSummary:
     affected: int
     affected_excluded: int
     exposures: int
-    recipient_tenants: int  # customer tenants that received foreign KV (exclusions left out)
-    source_tenants: int  # tenants whose KV was read by another request
+    # Both as the report counts them: customers with an affected response (excluded traffic
+    # left out), and customers whose request another tenant's affected response read.
+    recipient_tenants: int
+    source_tenants: int
     files: dict[str, int] = field(default_factory=dict)  # file format -> files written
     profiles: dict[str, int] = field(default_factory=dict)  # profile -> tenants
     probers: dict[str, int] = field(default_factory=dict)  # strategy -> requests sent
@@ -264,8 +266,8 @@ def simulate_case(
         affected=summary["affected"],
         affected_excluded=summary["affected_excluded"],
         exposures=summary["exposures"],
-        recipient_tenants=summary["recipient_customer_tenants"],
-        source_tenants=summary["source_tenants"],
+        recipient_tenants=summary["notify_recipient_tenants"],
+        source_tenants=summary["notify_source_tenants"],
         files=dict(sorted(by_format.items())),
         profiles=summary["profiles"],
         probers={
@@ -641,6 +643,21 @@ def _write_truth(out, cfg, tenants, tr, pl_, rid, exposures, unwritten, seed, re
         "source_tenants": int(len(np.unique(tr.tenant[ex[:, 1]]))),
         "source_customer_tenants": int(
             len(np.unique(tr.tenant[ex[:, 1]][tr.tenant[ex[:, 1]] < tenants.researcher]))
+        ),
+        # The report's definitions: customers with an affected response (excluded traffic
+        # left out), and customers whose request another tenant's affected response read.
+        "notify_recipient_tenants": int(
+            len(np.unique(tr.tenant[vic][tr.tenant[vic] < tenants.researcher]))
+        ),
+        "notify_source_tenants": int(
+            len(
+                np.unique(
+                    tr.tenant[ex[:, 1]][
+                        (tr.tenant[ex[:, 1]] < tenants.researcher)
+                        & (tr.tenant[ex[:, 1]] != tr.tenant[ex[:, 0]])
+                    ]
+                )
+            )
         ),
         "tenants": len(tenants.ids),
         "parameters": {
