@@ -201,10 +201,16 @@ def _kind_name(kind: type | tuple) -> str:
 def load_case(path: str | Path) -> Case:
     """Load and validate a case manifest; paths are resolved relative to its folder.
 
+    ``path`` may be the manifest or the case folder holding it as ``case.toml``.
+
     Raises:
         ManifestError: the file is missing, not TOML, or a key is wrong (the message names it).
     """
     path = Path(path).resolve()
+    if path.is_dir():
+        if not (path / "case.toml").is_file():
+            raise ManifestError(f"{path}: a folder with no case.toml in it")
+        path = path / "case.toml"
     try:
         text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:

@@ -86,3 +86,34 @@ def insert_rows(con: duckdb.DuckDBPyConnection, kind: str, rows: list[dict], evi
             "source_row": i,
         }
         con.execute(sql, args)
+
+
+def query_case(case, query: str, limit: int) -> tuple[list[str], list[tuple], int]:
+    """Run one statement on a case database opened read-only: (columns, first rows, row count).
+
+    Read-only, so an ad-hoc question can never change the evidence or the findings.
+
+    Raises:
+        ForensicsError: no database yet, or the statement fails (DuckDB's message, one line).
+    """
+    import duckdb
+
+    from forensics.errors import ForensicsError
+
+    if not case.database.exists():
+        raise ForensicsError(f"{case.database}: no case database yet; run `forensics run` first")
+    con = connect(case.database, read_only=True)
+    try:
+        try:
+            cur = con.execute(query)
+        except duckdb.Error as exc:
+            first = str(exc).strip().splitlines()[0]
+            raise ForensicsError(f"query failed: {first}") from None
+        if cur.description is None:
+            return [], [], 0
+        names = [d[0] for d in cur.description]
+        rows = cur.fetchmany(limit)
+        total = len(rows) + len(cur.fetchall()) if len(rows) == limit else len(rows)
+        return names, rows, total
+    finally:
+        con.close()

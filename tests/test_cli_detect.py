@@ -83,3 +83,30 @@ def test_explain_an_engine_only_victim_tells_the_engines_story(case_dir, tmp_pat
     assert f"Request {victim} (tenant unknown)" in out
     assert "no client record: this is the engine's view of the request" in out
     assert "Signal prefill_rejected" in out and "Verdict: confirmed" in out
+
+
+def test_a_case_folder_stands_for_its_case_toml(case_dir, tmp_path):
+    result = runner.invoke(app, ["detect", str(case_dir)])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["detect", str(tmp_path)])
+    assert result.exit_code == 1
+    assert result.output.strip() == f"Error: {tmp_path.resolve()}: a folder with no case.toml in it"
+
+
+def test_sql_answers_read_only_questions(case_dir):
+    runner.invoke(app, ["detect", str(case_dir)])
+    truth = list(csv.DictReader((case_dir / "truth" / "affected.csv").open()))
+    query = "SELECT verdict, count(*) AS n FROM findings_affected GROUP BY 1 ORDER BY 1"
+    result = runner.invoke(app, ["sql", str(case_dir), query, "--csv"])
+    assert result.exit_code == 0, result.output
+    assert result.output == f"verdict,n\nconfirmed,{len(truth)}\n"
+    result = runner.invoke(
+        app, ["sql", str(case_dir), "SELECT request_id FROM requests", "--limit", "3"]
+    )
+    assert result.exit_code == 0
+    assert "rows shown; raise --limit for more" in result.output
+    result = runner.invoke(app, ["sql", str(case_dir), "DELETE FROM requests"])
+    assert result.exit_code == 1
+    assert "read-only" in result.output and "Traceback" not in result.output
+    count = runner.invoke(app, ["sql", str(case_dir), "SELECT count(*) FROM requests", "--csv"])
+    assert int(count.output.splitlines()[1]) > 0
