@@ -178,6 +178,19 @@ NOT_BEFORE: dict[str, tuple[tuple[str, str], ...]] = {
     "engine_legs": (("finished_at", "started_at"),),
 }
 
+# Kinds where one row stands for one event, with the columns that identify it (request_id
+# first: it is the column a duplicate's reject names). A later row with the same identity is a
+# duplicate: the first loaded is kept and the others are rejected, as an exact duplicate (same
+# content: overlapping log files) or a conflicting one (different content: a retry logged
+# twice, a replayed or edited log). Engine legs are identified by request, role, node and
+# start, so a leg retried later or elsewhere is a leg of its own. Pool snapshots and tenant
+# profiles are left alone: a repeated snapshot or profile changes no finding.
+IDENTITY: dict[str, tuple[str, ...]] = {
+    "requests": ("request_id",),
+    "engine_legs": ("request_id", "role", "node", "started_at"),
+    "kv_allocations": ("request_id", "node", "dp_rank", "at", "op"),
+}
+
 
 def columns(kind: str) -> tuple[Column, ...]:
     """The canonical columns of one evidence kind.

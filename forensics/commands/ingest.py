@@ -158,6 +158,15 @@ def _summary(console: Console, result: IngestResult, where: Path) -> None:
         f"loaded {result.rows_loaded:,}, rejected {result.rows_rejected:,}",
         highlight=False,
     )
+    if result.duplicates or result.conflicts:
+        # Rejected, never loaded twice; said here because a repeated event is a finding itself.
+        console.print(
+            f"Duplicates rejected: {plural(result.duplicates, 'exact duplicate')} of rows "
+            f"already loaded (the same event in overlapping files), "
+            f"{plural(result.conflicts, 'conflicting duplicate')} (an event already loaded, "
+            "with different content: a retry logged twice, a replayed or edited log).",
+            highlight=False,
+        )
     for f in result.files:
         for sha in f.replaced:
             console.print(
