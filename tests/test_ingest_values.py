@@ -484,9 +484,17 @@ def test_every_timestamp_form_reads_the_instant_it_names_csv(cases):
 def _changes(tz: str, year: int) -> list[datetime]:
     """The hours of ``year`` (UTC) that begin just after the zone's offset changed."""
     zone = ZoneInfo(tz)
-    hours = [datetime(year, 1, 1, tzinfo=UTC) + timedelta(hours=h) for h in range(8785)]
-    offsets = [h.astimezone(zone).utcoffset() for h in hours]
-    return [hours[i] for i in range(1, len(hours)) if offsets[i] != offsets[i - 1]]
+
+    def offset(t: datetime) -> timedelta | None:
+        return t.astimezone(zone).utcoffset()
+
+    days = [datetime(year, 1, 1, tzinfo=UTC) + timedelta(days=d) for d in range(367)]
+    found = []
+    for start, end in zip(days, days[1:], strict=False):
+        if offset(start) != offset(end):
+            hours = [start + timedelta(hours=h) for h in range(25)]
+            found += [b for a, b in zip(hours, hours[1:], strict=False) if offset(a) != offset(b)]
+    return found
 
 
 @st.composite
