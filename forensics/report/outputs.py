@@ -6,6 +6,7 @@ import csv
 import hashlib
 import io
 import json
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -77,17 +78,35 @@ class ReportResult:
     messages: list[str] = field(default_factory=list)
 
 
+# A spreadsheet reads a cell that begins with one of these as a formula (OWASP, CSV
+# injection); tenant ids and user agents come from the logs, so anyone can choose them.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_NUMBER = re.compile(r"[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def csv_cell(value: Any) -> Any:
+    """A value as a CSV cell no spreadsheet runs: text that begins like a formula gets a
+    leading single quote; numbers (negative ones too) stay numbers.
+
+    >>> csv_cell("=1+2"), csv_cell("@SUM(A1)"), csv_cell("-1"), csv_cell(-1), csv_cell("a=b")
+    ("'=1+2", "'@SUM(A1)", '-1', -1, 'a=b')
+    """
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        return iso(value)
+    if isinstance(value, str) and value.startswith(_FORMULA_START) and not _NUMBER.fullmatch(value):
+        return "'" + value
+    return value
+
+
 def _csv(columns: tuple[str, ...], rows: list[dict]) -> str:
+    """Every CSV output: a header, then the rows with every cell through :func:`csv_cell`."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(columns)
     for row in rows:
-        writer.writerow(
-            [
-                "" if row[c] is None else iso(row[c]) if isinstance(row[c], datetime) else row[c]
-                for c in columns
-            ]
-        )
+        writer.writerow([csv_cell(row[c]) for c in columns])
     return buf.getvalue()
 
 
