@@ -7,6 +7,7 @@ user can act on print one line and exit 1; usage errors exit 2; ``--debug`` show
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -35,12 +36,19 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors."),
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version."
     ),
 ) -> None:
     _state["debug"] = debug
+    # Everything a command writes holds customer data, including files other code creates
+    # (DuckDB's write-ahead log and spill files): no access for group or others. A stricter
+    # umask is kept; the old one is restored when the command ends.
+    old = os.umask(0o077)
+    os.umask(old | 0o077)
+    ctx.call_on_close(lambda: os.umask(old))
 
 
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -1,4 +1,9 @@
-"""The case database: one DuckDB file per case, created with the canonical schema on first use."""
+"""The case database: one DuckDB file per case, created with the canonical schema on first use.
+
+It holds every customer's evidence: a new database file is created 0600 (less if the umask
+says so). DuckDB's own files beside it (the write-ahead log ``<db>.wal``, spilled data in
+``<db>.tmp/``) follow the process umask, which the command line makes private.
+"""
 
 from __future__ import annotations
 
@@ -24,9 +29,15 @@ def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnect
     """
     import duckdb
 
+    from forensics.files import make_private, private_dirs
+
+    created = False
     if str(path) != ":memory:":
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        private_dirs(Path(path).parent)
+        created = not Path(path).exists()
     con = duckdb.connect(str(path), read_only=read_only)
+    if created:
+        make_private(Path(path))
     con.execute("SET TimeZone = 'UTC'")
     if not read_only:
         for stmt in all_ddl():

@@ -1,16 +1,22 @@
-"""Outputs hold customer data: no spreadsheet formula runs from them."""
+"""Outputs hold customer data: no spreadsheet formula runs from them, nobody else can read them,
+and a file is whole or absent (never cut), whatever stops the run."""
 
 from __future__ import annotations
 
 import csv
+import errno
 import os
+import shutil
 import stat
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from fixtures.findings.builder import AFFECTED, EXPOSURES, OUTPUT_FILES, REQUESTS, build
+from typer.testing import CliRunner
 
+from forensics.cli import app
+from forensics.errors import ForensicsError
 from forensics.report import write_report
 from forensics.report.outputs import csv_cell
 
@@ -110,3 +116,118 @@ def _is_number(text: str) -> bool:
 )
 def test_csv_cells(value, cell):
     assert csv_cell(value) == cell
+
+
+# --- permissions ------------------------------------------------------------------------------
+
+
+def test_report_files_are_private_whatever_the_umask(tmp_path):
+    case, con = build(tmp_path / "case")
+    out = tmp_path / "new" / "out"
+    with umask(0o022):
+        result = write_report(con, case, out)
+    assert mode(tmp_path / "new") == mode(out) == mode(out / "notices") == 0o700
+    assert result.notices
+    assert {mode(p) for p in result.files} == {0o600}
+    # A folder that already exists is the user's: it is left as it is.
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o755)
+    os.chmod(mine, 0o755)
+    with umask(0o022):
+        write_report(con, case, mine)
+    assert mode(mine) == 0o755 and mode(mine / "report.html") == 0o600
+
+
+def test_a_stricter_umask_is_respected(tmp_path):
+    case, con = build(tmp_path / "case")
+    out = tmp_path / "out"
+    (out / "notices").mkdir(parents=True)
+    with umask(0o277):
+        result = write_report(con, case, out)
+    assert {mode(p) for p in result.files} == {0o400}
+
+
+def test_the_command_line_writes_everything_private_and_restores_the_umask(tmp_path):
+    folder = tmp_path / "case"
+    shutil.copytree(TINY, folder, ignore=shutil.ignore_patterns("*.duckdb*"))
+    out = tmp_path / "r" / "out"
+    with umask(0o022):
+        result = CliRunner().invoke(app, ["run", str(folder / "case.toml"), "--out", str(out)])
+        assert os.umask(0o022) == 0o022  # the command gave the umask back
+    assert result.exit_code == 0, result.output
+    assert mode(folder / "case.duckdb") == 0o600
+    assert mode(tmp_path / "r") == mode(out) == mode(out / "notices") == 0o700
+    assert {mode(p) for p in out.rglob("*") if p.is_file()} == {0o600}
+
+
+# --- complete or absent ---------------------------------------------------------------------------
+
+
+def test_a_full_disk_is_one_line_and_leaves_no_cut_file(tmp_path, monkeypatch):
+    case, con = build(tmp_path / "case")
+    con.close()
+    out = tmp_path / "case" / "report"
+    first = CliRunner().invoke(app, ["report", str(case.path)])
+    assert first.exit_code == 0, first.output
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+
+    import forensics.files
+
+    real_fsync, calls = os.fsync, []
+
+    def full_disk(fd):
+        calls.append(fd)
+        if len(calls) == 2:  # the second file: report.md
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(fd)
+
+    monkeypatch.setattr(forensics.files.os, "fsync", full_disk)
+    again = CliRunner().invoke(app, ["report", str(case.path), "--as-of", "2026-09-05T00:00:00Z"])
+    assert again.exit_code == 1
+    assert again.output == (
+        f"Error: {out / 'report.md'}: cannot write the file (No space left on device)\n"
+    )
+    # report.html was rewritten whole; report.md is the earlier one, whole; the manifest is gone,
+    # so the folder does not pass for a complete report; nothing temporary is left.
+    assert "2026-09-05" in (out / "report.html").read_text()
+    assert (out / "report.md").read_bytes() == before["report.md"]
+    assert not (out / "manifest.json").exists()
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
+
+
+def test_an_output_folder_that_cannot_be_made_is_one_line(tmp_path):
+    case, con = build(tmp_path / "case")
+    con.close()
+    (tmp_path / "taken").write_text("a file, not a folder")
+    result = CliRunner().invoke(app, ["report", str(case.path), "--out", str(tmp_path / "taken/r")])
+    assert result.exit_code == 1
+    assert result.output == (
+        f"Error: {tmp_path / 'taken'}: cannot create the folder (a file has its name)\n"
+    )
+
+
+def test_files_left_by_a_killed_run_are_cleared(tmp_path):
+    case, con = build(tmp_path / "case")
+    out = tmp_path / "out"
+    (out / "notices").mkdir(parents=True)
+    (out / ".report.html.abc123.partial").write_text("<html><body>half")
+    (out / "notices" / ".acct_alpha.md.xyz.partial").write_text("Dear")
+    write_report(con, case, out)
+    assert list(out.rglob("*.partial")) == []
+
+
+def test_write_atomic_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatch):
+    from forensics import files
+
+    target = tmp_path / "x.csv"
+    target.write_text("old\n")
+
+    def broken(fd):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(files.os, "fsync", broken)
+    with pytest.raises(ForensicsError) as err:
+        files.write_atomic(target, b"new\n")
+    assert str(err.value) == f"{target}: cannot write the file (Input/output error)"
+    assert target.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["x.csv"]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from forensics import __version__
 from forensics.errors import ForensicsError
+from forensics.files import private_dirs, remove_partials, sync_dir, write_atomic
 from forensics.report.data import all_tenant_ids, generation_time, iso, load_report_data
 from forensics.report.redact import Redactor, resolve_key
 
@@ -119,10 +120,13 @@ def _sha256_file(path: Path) -> str:
 
 
 def _write(path: Path, text: str, written: list[Path]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # newline="" keeps "\n" on every platform, so the bytes (and hashes) never depend on it.
-    with path.open("w", encoding="utf-8", newline="") as fh:
-        fh.write(text)
+    """Write one output: private, and complete or not at all (see :mod:`forensics.files`).
+
+    The text is encoded as it is ("\n" on every platform), so the bytes and hashes never
+    depend on the platform.
+    """
+    private_dirs(path.parent)
+    write_atomic(path, text.encode("utf-8"))
     written.append(path)
 
 
@@ -131,7 +135,12 @@ def _clear_notices(folder: Path) -> None:
     # in a folder about to be shared): the folder holds exactly this run's notices.
     if folder.is_dir():
         for old in [*folder.glob("*.md"), *folder.glob("*.csv")]:
-            old.unlink()
+            try:
+                old.unlink()
+            except OSError as exc:
+                raise ForensicsError(
+                    f"{old}: cannot remove an earlier notice ({exc.strerror or exc})"
+                ) from None
 
 
 def write_report(
@@ -178,7 +187,19 @@ def write_report(
             "or pass --as-of"
         )
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    private_dirs(out)
+    # manifest.json is written last and hashes every output: without it a folder is no
+    # complete report. The previous one goes first, so that a run that stops half way (a
+    # kill, a full disk) leaves a folder that does not pass for whole; temporary files such a
+    # run left are removed.
+    remove_partials(out)
+    remove_partials(out / "notices")
+    try:
+        (out / "manifest.json").unlink(missing_ok=True)
+    except OSError as exc:
+        raise ForensicsError(
+            f"{out / 'manifest.json'}: cannot replace the manifest ({exc.strerror or exc})"
+        ) from None
 
     tenant_ids = all_tenant_ids(con)
     red = Redactor(tenant_ids, key)
@@ -223,7 +244,9 @@ def write_report(
         written += notices
 
     manifest = _manifest(case, data, out, written, redact)
+    sync_dir(out / "notices")
     _write(out / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n", written)
+    sync_dir(out)
     summary = dict(data.summary)
     summary["conclusion"] = data.exploitation_summary["conclusion"]
     summary["level"] = data.exploitation_summary["level"]
