@@ -51,6 +51,27 @@ def _root(
     ctx.call_on_close(lambda: os.umask(old))
 
 
+def check_memory_limit(value: str | None) -> str | None:
+    """Validate ``--memory-limit`` while parsing options, so a bad size is a usage error."""
+    if value is None:
+        return None
+    from forensics.db import check_memory_limit as check
+
+    try:
+        return check(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+MEMORY_OPT = typer.Option(
+    None,
+    "--memory-limit",
+    callback=check_memory_limit,
+    help="Cap DuckDB's memory, e.g. 1GB (default: the manifest's [database].memory_limit); "
+    "beyond it work spills to <database>.tmp/.",
+)
+
+
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn library errors into one red line and exit code 1 (``--debug`` re-raises)."""
 
@@ -71,11 +92,17 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as exc:  # noqa: BLE001 - last line of defence: no traceback for users
             if _state["debug"]:
                 raise
-            typer.secho(
-                f"Error: {type(exc).__name__}: {exc} (run with --debug for details)",
-                err=True,
-                fg="red",
-            )
+            duckdb = sys.modules.get("duckdb")
+            if duckdb is not None and isinstance(exc, duckdb.OutOfMemoryException):
+                from forensics.db import memory_error
+
+                message = str(memory_error(exc))
+            else:
+                # One line, whatever the exception says (DuckDB's messages can run on).
+                lines = str(exc).strip().splitlines()
+                message = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+                message += " (run with --debug for details)"
+            typer.secho(f"Error: {message}", err=True, fg="red")
             raise typer.Exit(1) from None
 
     return wrapper

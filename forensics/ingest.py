@@ -26,7 +26,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from forensics import schema
 from forensics.casts import _SEP, stage_sql
-from forensics.errors import EvidenceError, ForensicsError
+from forensics.errors import EvidenceError, ForensicsError, ResourceError
 from forensics.readers import Source, open_source, sql_ident, sql_str
 from forensics.status import (  # re-exported: the status API belongs to ingest's public face
     CONFLICTING_DUPLICATE,
@@ -425,6 +425,10 @@ def ingest_file(
                 report,
                 progress is not None,
             )
+        except duckdb.OutOfMemoryException as exc:
+            from forensics.db import memory_error
+
+            raise memory_error(exc) from None
         except duckdb.Error as exc:
             first = str(exc).strip().splitlines()[0]
             raise EvidenceError(f"cannot load the file ({first})") from None
@@ -745,6 +749,10 @@ def _load_all(
                     label=label,
                 )
             )
+        except ResourceError:
+            # Not the file's fault: recording it as failed evidence would be wrong, and the
+            # next file would fail the same way.
+            raise
         except ForensicsError as exc:
             message = str(exc)
             message = message.removeprefix(f"{label}: ")
@@ -831,7 +839,7 @@ def ingest_case(case: Case, progress: Progress | None = None) -> IngestResult:
     from forensics.db import connect
 
     result = IngestResult()
-    con = connect(case.database)
+    con = connect(case.database, memory_limit=case.memory_limit)
     try:
         for i, entry in enumerate(case.evidence, start=1):
             files: list[Path] = []
@@ -870,11 +878,13 @@ def ingest_paths(
     fmt: str = "canonical",
     timezone: str = "UTC",
     progress: Progress | None = None,
+    memory_limit: str | None = None,
 ) -> IngestResult:
     """Load files (or globs) of one kind into the case database at ``db_path``.
 
     Failures (files that could not be loaded, patterns that matched nothing) are returned and
     stored in ``evidence_failures``, replacing what was recorded before for the same paths.
+    ``memory_limit`` caps DuckDB's memory (see :func:`forensics.db.connect`).
 
     Raises:
         ForensicsError: a bad kind, format name or time zone (before anything is loaded).
@@ -897,7 +907,7 @@ def ingest_paths(
             )
         files += found
     files = list(dict.fromkeys(files))
-    con = connect(db_path)
+    con = connect(db_path, memory_limit=memory_limit)
     try:
         _load_all(con, [(f, kind, fmt, timezone, {}, str(f)) for f in files], result, progress)
         tried = [str(f) for f in files] + [f.path for f in result.failures]
