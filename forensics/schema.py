@@ -183,12 +183,13 @@ NOT_BEFORE: dict[str, tuple[tuple[str, str], ...]] = {
 # duplicate: the first loaded is kept and the others are rejected, as an exact duplicate (same
 # content: overlapping log files) or a conflicting one (different content: a retry logged
 # twice, a replayed or edited log). Engine legs are identified by request, role, node and
-# start, so a leg retried later or elsewhere is a leg of its own. Pool snapshots and tenant
+# start, so a leg retried later or elsewhere is a leg of its own; an allocation logs one row
+# per run of pages, so a run is identified by its first page too. Pool snapshots and tenant
 # profiles are left alone: a repeated snapshot or profile changes no finding.
 IDENTITY: dict[str, tuple[str, ...]] = {
     "requests": ("request_id",),
     "engine_legs": ("request_id", "role", "node", "started_at"),
-    "kv_allocations": ("request_id", "node", "dp_rank", "at", "op"),
+    "kv_allocations": ("request_id", "node", "dp_rank", "at", "op", "first_page"),
 }
 
 

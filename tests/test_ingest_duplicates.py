@@ -1,7 +1,7 @@
 """A repeated event is kept once: later copies are rejected as exact or conflicting duplicates.
 
-Requests are identified by request_id, engine legs by request, role, node and start, KV
-allocations by request, node, rank, time and operation (``forensics.schema.IDENTITY``).
+Requests are identified by request_id, engine legs by request, role, node and start, runs of KV
+pages by request, node, rank, time, operation and first page (``forensics.schema.IDENTITY``).
 """
 
 from __future__ import annotations
@@ -148,12 +148,15 @@ def test_a_repeated_allocation_is_rejected(tmp_path, memory_db):
         "node,dp_rank,request_id,at,op,first_page,page_count\n"
         "decode-0,,r1,2026-09-08T14:00:00Z,alloc,0,10\n"
         "decode-0,,r1,2026-09-08T14:00:00Z,alloc,0,10\n"
+        "decode-0,,r1,2026-09-08T14:00:00Z,alloc,40,6\n"
+        "decode-0,,r1,2026-09-08T14:00:00Z,alloc,40,7\n"
         "decode-0,,r1,2026-09-08T14:00:09Z,free,0,10\n"
     )
     result = ingest_file(memory_db, path, "kv_allocations")
-    # A missing rank is the same missing rank: the second line repeats the first.
-    assert (result.rows_loaded, result.duplicates, result.conflicts) == (2, 1, 0)
-    assert [r[1] for r in rejects(memory_db)] == [2]
+    # A missing rank is the same missing rank: the second line repeats the first. The third is
+    # a second run of pages of the same allocation; the fourth tells that run differently.
+    assert (result.rows_loaded, result.duplicates, result.conflicts) == (3, 1, 1)
+    assert [r[1] for r in rejects(memory_db)] == [2, 4]
 
 
 def _overlapping_case(tmp_path: Path) -> Path:
