@@ -93,15 +93,8 @@ def loaded(manifest: Path) -> list[tuple]:
         con.close()
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Path:
-    """The tiny case run once without faults: its manifest (outputs in report/ beside it)."""
-    manifest = copy_case(tmp_path_factory.mktemp("reference"), "case")
-    assert runner.invoke(app, ["run", str(manifest)]).exit_code == 0
-    return manifest
-
-
-def test_a_kill_at_any_stage_then_a_run_gives_the_same_bytes(tmp_path, reference):
+def test_a_kill_at_any_stage_then_a_run_gives_the_same_bytes(tmp_path, tiny_reference):
+    reference = tiny_reference
     expected = outputs(reference.parent / "report")
     case = copy_case(tmp_path, "killed")
     out = case.parent / "report"
@@ -239,7 +232,8 @@ def same_report(folder: Path, reference: Path) -> bool:
     return got == want and manifests[0] == manifests[1]
 
 
-def test_detection_under_a_memory_limit(tmp_path, reference):
+def test_detection_under_a_memory_limit(tmp_path, tiny_reference):
+    reference = tiny_reference
     case = copy_case(tmp_path, "limited")
     limited = 'path = "case.duckdb"\nmemory_limit = "48MB"'
     case.write_text(case.read_text().replace('path = "case.duckdb"', limited))

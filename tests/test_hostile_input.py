@@ -234,7 +234,7 @@ jsonl_bytes = st.tuples(st.lists(line, max_size=12), st.sampled_from([b"\n", b"\
     lambda t: t[1].join(t[0])
 )
 
-FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # Nothing may reach the screen either (an "exception ignored" report prints a traceback).
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 

@@ -177,13 +177,9 @@ def _overlapping_case(tmp_path: Path) -> Path:
     return manifest
 
 
-def test_the_report_counts_each_request_once_and_shows_the_duplicates(tmp_path):
+def test_the_report_counts_each_request_once_and_shows_the_duplicates(tmp_path, tiny_reference):
     runner = CliRunner(env={"COLUMNS": "200"})
-    clean = tmp_path / "clean"
-    import shutil
-
-    shutil.copytree(TINY, clean, ignore=shutil.ignore_patterns("*.duckdb*"))
-    assert runner.invoke(app, ["run", str(clean / "case.toml")]).exit_code == 0
+    clean = tiny_reference.parent
 
     manifest = _overlapping_case(tmp_path)
     ingest = runner.invoke(app, ["ingest", str(manifest)])

@@ -129,22 +129,21 @@ def test_report_files_are_private_whatever_the_umask(tmp_path):
     assert mode(tmp_path / "new") == mode(out) == mode(out / "notices") == 0o700
     assert result.notices
     assert {mode(p) for p in result.files} == {0o600}
-    # A folder that already exists is the user's: it is left as it is.
-    mine = tmp_path / "mine"
-    mine.mkdir(mode=0o755)
-    os.chmod(mine, 0o755)
-    with umask(0o022):
-        write_report(con, case, mine)
-    assert mode(mine) == 0o755 and mode(mine / "report.html") == 0o600
 
 
-def test_a_stricter_umask_is_respected(tmp_path):
+def test_a_stricter_umask_and_an_existing_folder_are_respected(tmp_path):
     case, con = build(tmp_path / "case")
     out = tmp_path / "out"
     (out / "notices").mkdir(parents=True)
+    os.chmod(out, 0o755)
+    # What a killed run leaves behind goes; the folder, the user's, keeps its mode.
+    (out / ".report.html.abc123.partial").write_text("<html><body>half")
+    (out / "notices" / ".acct_alpha.md.xyz.partial").write_text("Dear")
     with umask(0o277):
         result = write_report(con, case, out)
     assert {mode(p) for p in result.files} == {0o400}
+    assert mode(out) == 0o755
+    assert list(out.rglob("*.partial")) == []
 
 
 def test_the_command_line_writes_everything_private_and_restores_the_umask(tmp_path):
@@ -204,16 +203,6 @@ def test_an_output_folder_that_cannot_be_made_is_one_line(tmp_path):
     assert result.output == (
         f"Error: {tmp_path / 'taken'}: cannot create the folder (a file has its name)\n"
     )
-
-
-def test_files_left_by_a_killed_run_are_cleared(tmp_path):
-    case, con = build(tmp_path / "case")
-    out = tmp_path / "out"
-    (out / "notices").mkdir(parents=True)
-    (out / ".report.html.abc123.partial").write_text("<html><body>half")
-    (out / "notices" / ".acct_alpha.md.xyz.partial").write_text("Dear")
-    write_report(con, case, out)
-    assert list(out.rglob("*.partial")) == []
 
 
 def test_write_atomic_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatch):
