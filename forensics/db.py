@@ -35,11 +35,13 @@ def check_memory_limit(value: str) -> str:
     return value.strip()
 
 
-def memory_error(exc: Exception) -> ResourceError:
-    """One line for DuckDB running out of memory under its limit: what happened, what to do."""
+def memory_error(exc: Exception, where: str | None = None) -> ResourceError:
+    """One line for DuckDB running out of memory under its limit: what happened (and while
+    loading which file, ``where``), and what to do."""
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    prefix = f"{where}: " if where else ""
     return ResourceError(
-        f"out of memory under the database memory limit ({first}); raise "
+        f"{prefix}out of memory under the database memory limit ({first}); raise "
         "[database].memory_limit in the manifest or pass a larger --memory-limit"
     )
 

@@ -428,7 +428,7 @@ def ingest_file(
         except duckdb.OutOfMemoryException as exc:
             from forensics.db import memory_error
 
-            raise memory_error(exc) from None
+            raise memory_error(exc, label) from None
         except duckdb.Error as exc:
             first = str(exc).strip().splitlines()[0]
             raise EvidenceError(f"cannot load the file ({first})") from None

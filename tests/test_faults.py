@@ -210,7 +210,8 @@ def test_a_memory_limit_too_small_is_one_line_and_records_nothing(tmp_path, big_
     lines = result.output.splitlines()
     assert len(lines) == 1 and "Traceback" not in result.output
     assert lines[0].startswith(
-        "Error: out of memory under the database memory limit (Out of Memory Error: "
+        f"Error: {big_parquet}: out of memory under the database memory limit "
+        "(Out of Memory Error: "
     )
     assert lines[0].endswith(
         "); raise [database].memory_limit in the manifest or pass a larger --memory-limit"
