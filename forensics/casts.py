@@ -286,7 +286,7 @@ def stage_sql(
     guard = source.pre_error != "NULL"
     dst = has_transitions(tz)
     index = {c.name: i for i, c in enumerate(cols)}
-    raw_text: dict[int, str] = {}
+    present: set[int] = set()  # columns the file (or a default) gives
     values, typed, checks, errors = [], [], [], []
     for i, col in enumerate(cols):
         if col.name in source.columns:
@@ -311,7 +311,7 @@ def stage_sql(
         blank = f"({v} IS NULL OR trim({v}) = '')" if _is_text(dtype) else f"{v} IS NULL"
         name = sql_str(col.name)
         shown = _quoted(_as_text(v, dtype))
-        raw_text[i] = shown
+        present.add(i)
         if col.required:
             errors.append(f"WHEN {blank} THEN {name} || {_SEP} || 'required value missing'")
         if col.type == "string":
@@ -355,7 +355,7 @@ def stage_sql(
             )
         for later, earlier in schema.NOT_BEFORE.get(kind, ()):
             j = index[earlier]
-            if later != col.name or j not in raw_text:
+            if later != col.name or j not in present:
                 continue
             errors.append(
                 f"WHEN {t} < __kv_t{j} THEN {name} || {_SEP} || 'before {earlier}: ' || {shown}"

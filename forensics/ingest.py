@@ -632,15 +632,19 @@ def _duplicates(
             f"{a}.{sql_ident(c)} IS NOT DISTINCT FROM {b}.{sql_ident(c)}" for c in names
         )
 
-    older = f"evidence_id <> {eid}"
-    if ignore:
-        older += f" AND evidence_id NOT IN ({', '.join(str(i) for i in ignore)})"
+    def older(alias: str = "") -> str:
+        # Rows loaded before this file, but not those of the partial loads it replaces.
+        where = f"{alias}evidence_id <> {eid}"
+        if ignore:
+            where += f" AND {alias}evidence_id NOT IN ({', '.join(str(i) for i in ignore)})"
+        return where
+
     keys, flagged = f"__kv_dupkeys_{tag}", f"__kv_dups_{tag}"
     repeated = con.execute(
         f"CREATE OR REPLACE TEMP TABLE {keys} AS "
         f"SELECT {key} FROM {kind} WHERE evidence_id = {eid} GROUP BY ALL HAVING count(*) > 1 "
         f"UNION SELECT {', '.join(f'n.{sql_ident(c)}' for c in identity)} FROM {kind} n "
-        f"SEMI JOIN (SELECT {key} FROM {kind} WHERE {older}) o ON {same('n', 'o', identity)} "
+        f"SEMI JOIN (SELECT {key} FROM {kind} WHERE {older()}) o ON {same('n', 'o', identity)} "
         f"WHERE n.evidence_id = {eid}"
     ).fetchone()[0]
     if not repeated:
@@ -657,7 +661,7 @@ def _duplicates(
           SELECT t.*, row_number() OVER (PARTITION BY {key} ORDER BY evidence_id, source_row)
                    AS __kv_rank
           FROM {kind} t SEMI JOIN {keys} d ON {same("t", "d", identity)}
-          WHERE t.evidence_id = {eid} OR ({older.replace("evidence_id", "t.evidence_id")})
+          WHERE t.evidence_id = {eid} OR ({older("t.")})
         ),
         k AS (SELECT * FROM c WHERE __kv_rank = 1)
         SELECT c.source_row, {sql_str(identity[0])} AS column_name,
