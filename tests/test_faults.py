@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -63,7 +64,14 @@ def child(target: str, when: str, n: int, *args: str, flag: str = "", wait: bool
     """The command line in a child process, ``target`` ("module:function") wrapped."""
     module, name = target.split(":")
     command = [sys.executable, "-c", CHILD, module, name, when, str(n), flag, *args]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # The common umask: the command line itself must make what it writes private.
+        preexec_fn=lambda: os.umask(0o022),
+    )
     if wait:
         proc.communicate(timeout=120)
     return proc
@@ -102,6 +110,9 @@ def test_a_kill_at_any_stage_then_a_run_gives_the_same_bytes(tmp_path, tiny_refe
     # Mid-file: the second file's rows are in, its duplicates not yet sorted out, no commit.
     killed = child("forensics.ingest:_duplicates", "after", 2, "run", str(case))
     assert killed.returncode == -signal.SIGKILL
+    # DuckDB's write-ahead log, left by the kill, holds evidence: private too.
+    wal = case.parent / "case.duckdb.wal"
+    assert stat.S_IMODE(wal.stat().st_mode) == 0o600
     assert [row[0] for row in loaded(case)] == ["requests.jsonl"]
     con = duckdb.connect(str(case.parent / "case.duckdb"), read_only=True)
     assert con.execute("SELECT count(*) FROM engine_legs").fetchone() == (0,)
