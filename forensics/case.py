@@ -126,6 +126,8 @@ class Case:
     exclusions: tuple[Exclusion, ...]
     timeline: tuple[TimelineEvent, ...]
     raw: dict = field(default_factory=dict, repr=False)
+    # DuckDB's memory cap for this case ("1GB"); None leaves DuckDB's default (80% of RAM).
+    memory_limit: str | None = None
 
     @property
     def folder(self) -> Path:
@@ -240,8 +242,16 @@ def load_case(path: str | Path) -> Case:
         inc.fail("context_length", "must be positive")
 
     db = _Reader(path, "[database]", raw.get("database", {}))
-    db.check_keys({"path"})
+    db.check_keys({"path", "memory_limit"})
     database = path.parent / db.get("path", str, "case.duckdb")
+    memory_limit = db.get("memory_limit", str)
+    if memory_limit is not None:
+        from forensics.db import check_memory_limit
+
+        try:
+            memory_limit = check_memory_limit(memory_limit)
+        except ValueError as exc:
+            db.fail("memory_limit", str(exc))
 
     evidence = tuple(_evidence(path, i, item, tz) for i, item in enumerate(_array(top, "evidence")))
     detection = _detection(path, raw.get("detection", {}))
@@ -280,6 +290,7 @@ def load_case(path: str | Path) -> Case:
         exclusions=exclusions,
         timeline=tuple(sorted(timeline, key=lambda t: t.at)),
         raw=raw,
+        memory_limit=memory_limit,
     )
 
 

@@ -7,6 +7,7 @@ user can act on print one line and exit 1; usage errors exit 2; ``--debug`` show
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -35,12 +36,40 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors."),
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version."
     ),
 ) -> None:
     _state["debug"] = debug
+    # Everything a command writes holds customer data, including files other code creates
+    # (DuckDB's write-ahead log and spill files): no access for group or others. A stricter
+    # umask is kept; the old one is restored when the command ends.
+    old = os.umask(0o077)
+    os.umask(old | 0o077)
+    ctx.call_on_close(lambda: os.umask(old))
+
+
+def check_memory_limit(value: str | None) -> str | None:
+    """Validate ``--memory-limit`` while parsing options, so a bad size is a usage error."""
+    if value is None:
+        return None
+    from forensics.db import check_memory_limit as check
+
+    try:
+        return check(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+MEMORY_OPT = typer.Option(
+    None,
+    "--memory-limit",
+    callback=check_memory_limit,
+    help="Cap DuckDB's memory, e.g. 1GB (default: the manifest's [database].memory_limit); "
+    "beyond it work spills to <database>.tmp/.",
+)
 
 
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -63,11 +92,17 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as exc:  # noqa: BLE001 - last line of defence: no traceback for users
             if _state["debug"]:
                 raise
-            typer.secho(
-                f"Error: {type(exc).__name__}: {exc} (run with --debug for details)",
-                err=True,
-                fg="red",
-            )
+            duckdb = sys.modules.get("duckdb")
+            if duckdb is not None and isinstance(exc, duckdb.OutOfMemoryException):
+                from forensics.db import memory_error
+
+                message = str(memory_error(exc))
+            else:
+                # One line, whatever the exception says (DuckDB's messages can run on).
+                lines = str(exc).strip().splitlines()
+                message = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+                message += " (run with --debug for details)"
+            typer.secho(f"Error: {message}", err=True, fg="red")
             raise typer.Exit(1) from None
 
     return wrapper

@@ -1,32 +1,97 @@
-"""The case database: one DuckDB file per case, created with the canonical schema on first use."""
+"""The case database: one DuckDB file per case, created with the canonical schema on first use.
+
+It holds every customer's evidence: a new database file is created 0600 (less if the umask
+says so). DuckDB's own files beside it (the write-ahead log ``<db>.wal``, spilled data in
+``<db>.tmp/``) follow the process umask, which the command line makes private.
+"""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from forensics.errors import ForensicsError, ResourceError
 from forensics.schema import all_ddl
 from forensics.verdicts import vocabulary_macros
 
 if TYPE_CHECKING:
     import duckdb
 
+# A DuckDB memory size: "1GB", "512 MiB", "1.5GB" (B, KB, MB, GB, TB and the KiB family).
+_SIZE = re.compile(r"\s*[0-9]+(\.[0-9]+)?\s*([KMGT]i?B|B)\s*", re.IGNORECASE)
 
-def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+
+def check_memory_limit(value: str) -> str:
+    """The memory limit as DuckDB takes it; ValueError when it is no size.
+
+    >>> check_memory_limit(" 1GB ")
+    '1GB'
+    """
+    if not isinstance(value, str) or not _SIZE.fullmatch(value):
+        raise ValueError(f"not a memory size such as '1GB' or '512MB': {value!r}")
+    return value.strip()
+
+
+def memory_error(exc: Exception, where: str | None = None) -> ResourceError:
+    """One line for DuckDB running out of memory under its limit: what happened (and while
+    loading which file, ``where``), and what to do."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    prefix = f"{where}: " if where else ""
+    return ResourceError(
+        f"{prefix}out of memory under the database memory limit ({first}); raise "
+        "[database].memory_limit in the manifest or pass a larger --memory-limit"
+    )
+
+
+def connect(
+    path: str | Path, read_only: bool = False, *, memory_limit: str | None = None
+) -> duckdb.DuckDBPyConnection:
     """Open (creating if needed) a case database with every canonical table present.
 
     Sessions run in UTC so that TIMESTAMPTZ values print and compare in UTC everywhere.
-    ``":memory:"`` gives an in-memory case (tests, docstrings).
+    ``":memory:"`` gives an in-memory case (tests, docstrings). ``memory_limit`` (e.g.
+    ``"1GB"``) caps DuckDB's memory; work beyond it spills to ``<db>.tmp/`` beside the
+    database, and what cannot spill fails with :func:`memory_error`'s message.
 
     >>> con = connect(":memory:")
     >>> con.execute("SELECT count(*) FROM requests").fetchone()
     (0,)
+
+    Raises:
+        ForensicsError: the database is in use by another process, or cannot be opened.
     """
     import duckdb
 
+    from forensics.files import make_private, private_dirs
+
+    created = False
     if str(path) != ":memory:":
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-    con = duckdb.connect(str(path), read_only=read_only)
+        private_dirs(Path(path).parent)
+        created = not Path(path).exists()
+    try:
+        con = duckdb.connect(str(path), read_only=read_only)
+    except duckdb.IOException as exc:
+        first = str(exc).strip().splitlines()[0]
+        if "lock" in first.lower():
+            # Two processes cannot write one case database: the second one stops, loudly.
+            pid = re.search(r"PID ([0-9]+)", first)
+            who = f" (process {pid.group(1)})" if pid else ""
+            raise ForensicsError(
+                f"{path}: the case database is in use by another process{who}; "
+                "wait for it to finish (one command at a time on a case)"
+            ) from None
+        raise ForensicsError(f"{path}: cannot open the case database ({first})") from None
+    if created:
+        make_private(Path(path))
+    if memory_limit is not None:
+        con.execute(f"SET memory_limit = '{check_memory_limit(memory_limit)}'")
+    if str(path) != ":memory:" and not read_only:
+        # Spilled data goes beside the database (DuckDB's own default, stated so it holds).
+        spill = str(Path(path)) + ".tmp"
+        con.execute(f"SET temp_directory = '{spill.replace(chr(39), chr(39) * 2)}'")
     con.execute("SET TimeZone = 'UTC'")
     if not read_only:
         for stmt in all_ddl():
@@ -36,22 +101,39 @@ def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnect
     return con
 
 
-def open_case(case_path: str | Path):
+@contextmanager
+def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """Run a block as one transaction: all of its writes or none (a kill, an error)."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
+
+
+def open_case(case_path: str | Path, memory_limit: str | None = None):
     """Load a manifest and open its existing case database; returns ``(case, connection)``.
+
+    ``memory_limit`` overrides the manifest's ``[database].memory_limit``.
 
     Raises:
         ForensicsError: the manifest is invalid, or nothing has been ingested for it yet.
     """
+    from dataclasses import replace
+
     from forensics.case import load_case
-    from forensics.errors import ForensicsError
 
     case = load_case(case_path)
+    if memory_limit is not None:
+        case = replace(case, memory_limit=memory_limit)
     if not case.database.exists():
         raise ForensicsError(
             f"{case.database}: no case database yet; run `forensics ingest {case_path}`"
             f" (or `forensics run {case_path}`) first"
         )
-    return case, connect(case.database)
+    return case, connect(case.database, memory_limit=case.memory_limit)
 
 
 def insert_rows(con: duckdb.DuckDBPyConnection, kind: str, rows: list[dict], evidence_id: int = 0):

@@ -20,3 +20,8 @@ class EvidenceError(ForensicsError):
 
     sha256: str | None = None
     bytes: int | None = None
+
+
+class ResourceError(ForensicsError):
+    """The machine, not the evidence, stopped the work (DuckDB ran out of memory under its
+    limit). Nothing is recorded against the file being loaded: the command stops."""

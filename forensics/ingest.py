@@ -26,9 +26,11 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from forensics import schema
 from forensics.casts import _SEP, stage_sql
-from forensics.errors import EvidenceError, ForensicsError
+from forensics.errors import EvidenceError, ForensicsError, ResourceError
 from forensics.readers import Source, open_source, sql_ident, sql_str
 from forensics.status import (  # re-exported: the status API belongs to ingest's public face
+    CONFLICTING_DUPLICATE,
+    EXACT_DUPLICATE,
     EvidenceOutcome,
     EvidenceRow,
     KindSpan,
@@ -73,7 +75,9 @@ class FileResult:
     ``outcome`` is ``loaded`` (every row read) or ``partial`` (a damaged compressed file: the
     rows before the damage were read; ``problem`` says what was lost, ``rows_lost`` how many
     rows, None when unknown). ``replaced`` lists the sha256 of earlier partial loads of the same
-    path that this complete load replaced.
+    path that this complete load replaced. ``duplicates`` and ``conflicts`` count the rejected
+    rows that repeat an event already loaded, with the same content (overlapping files) or a
+    different one (see ``schema.IDENTITY``).
     """
 
     path: str
@@ -92,6 +96,8 @@ class FileResult:
     problem: str | None = None
     rows_lost: int | None = 0
     replaced: list[str] = field(default_factory=list)
+    duplicates: int = 0
+    conflicts: int = 0
 
     def as_outcome(self) -> EvidenceOutcome:
         """This file as an :class:`EvidenceOutcome`."""
@@ -193,6 +199,16 @@ class IngestResult:
     @property
     def rows_rejected(self) -> int:
         return sum(f.rows_rejected for f in self.files if not f.skipped)
+
+    @property
+    def duplicates(self) -> int:
+        """Rows rejected as exact duplicates of rows already loaded."""
+        return sum(f.duplicates for f in self.files if not f.skipped)
+
+    @property
+    def conflicts(self) -> int:
+        """Rows rejected as conflicting duplicates: an event already loaded, told differently."""
+        return sum(f.conflicts for f in self.files if not f.skipped)
 
     @property
     def files_loaded(self) -> int:
@@ -389,11 +405,18 @@ def ingest_file(
             # Reading is the first half of the work, casting and inserting the second.
             source = open_source(con, path, tag, lambda d, t: report(d // 2, t))
             sql, names = stage_sql(kind, source, timezone, defaults)
+            opened = source
+
+            def restage(flagged: str) -> str:
+                return stage_sql(kind, opened, timezone, defaults, flagged)[0]
+
             result = _load(
                 con,
                 sql,
                 names,
+                restage,
                 source,
+                tag,
                 kind,
                 fmt_name,
                 label,
@@ -402,6 +425,10 @@ def ingest_file(
                 report,
                 progress is not None,
             )
+        except duckdb.OutOfMemoryException as exc:
+            from forensics.db import memory_error
+
+            raise memory_error(exc, label) from None
         except duckdb.Error as exc:
             first = str(exc).strip().splitlines()[0]
             raise EvidenceError(f"cannot load the file ({first})") from None
@@ -425,7 +452,9 @@ def _load(
     con: duckdb.DuckDBPyConnection,
     sql: str,
     names: list[str],
+    restage: Callable[[str], str],
     source: Source,
+    tag: str,
     kind: str,
     fmt: str,
     label: str,
@@ -438,7 +467,9 @@ def _load(
 
     The casting query is not materialised (staging ten million wide rows costs more than
     reading the source again): it runs once for the good rows and, only when some row did not
-    load, a second time for the rejects.
+    load, a second time for the rejects. Good rows that repeat an event already loaded are
+    found among the loaded rows afterwards and moved to the rejects (:func:`_duplicates`);
+    ``restage`` gives the casting query that rejects them too.
     """
     eid = con.execute("SELECT nextval('evidence_seq')").fetchone()[0]
 
@@ -459,6 +490,23 @@ def _load(
         f"INSERT INTO {kind} ({targets}, extra, evidence_id, source_row) "
         f"SELECT {picks}, __kv_extra, {eid}, __kv_r FROM ({sql}) WHERE __kv_err IS NULL",
     )
+    outcome = "partial" if source.problem else "loaded"
+    # A complete load replaces the partial loads of its path (below), so it repeats their rows
+    # by design: those are not duplicates.
+    replacing = [] if outcome != "loaded" else _partial_loads(con, label, kind, eid)
+    duplicates = conflicts = 0
+    flagged = _duplicates(con, kind, eid, label, replacing, tag)
+    if flagged is not None:
+        duplicates, conflicts = con.execute(
+            f"SELECT count(*) FILTER (WHERE starts_with(reason, '{EXACT_DUPLICATE}')), "
+            f"count(*) FILTER (WHERE NOT starts_with(reason, '{EXACT_DUPLICATE}')) FROM {flagged}"
+        ).fetchone()
+        con.execute(
+            f"DELETE FROM {kind} WHERE evidence_id = {eid} "
+            f"AND source_row IN (SELECT source_row FROM {flagged})"
+        )
+        loaded -= duplicates + conflicts
+        sql = restage(flagged)
     # Counting the source is nearly free (Parquet metadata, a temp table), and when every row
     # loaded the second pass over the file for rejects can be skipped.
     total = con.execute(f"SELECT count(*) FROM {source.relation}").fetchone()[0]
@@ -470,6 +518,8 @@ def _load(
             f"nullif(split_part(__kv_err, {_SEP}, 1), ''), split_part(__kv_err, {_SEP}, 2), "
             f"__kv_raw FROM ({sql}) WHERE __kv_err IS NOT NULL ORDER BY __kv_r",
         )
+    if flagged is not None:
+        con.execute(f"DROP TABLE {flagged}")
     if loaded + rejected != total:
         # Every source row must land in exactly one of the two tables; never record otherwise.
         raise EvidenceError(
@@ -493,7 +543,6 @@ def _load(
             f"WHERE evidence_id = {eid}"
         ).fetchone()
     read = loaded + rejected
-    outcome = "partial" if source.problem else "loaded"
     rows_lost = source.rows_lost if source.problem else 0
     con.execute(
         "INSERT INTO evidence (evidence_id, path, sha256, bytes, kind, format, rows_read, "
@@ -534,7 +583,102 @@ def _load(
         problem=source.problem,
         rows_lost=rows_lost,
         replaced=replaced,
+        duplicates=duplicates,
+        conflicts=conflicts,
     )
+
+
+def _partial_loads(con: duckdb.DuckDBPyConnection, label: str, kind: str, eid: int) -> list[int]:
+    """The evidence ids of earlier partial loads of the path ``label``."""
+    return [
+        r[0]
+        for r in con.execute(
+            "SELECT evidence_id FROM evidence WHERE path = ? AND kind = ? "
+            "AND outcome = 'partial' AND evidence_id <> ? ORDER BY evidence_id",
+            [label, kind, eid],
+        ).fetchall()
+    ]
+
+
+def _duplicates(
+    con: duckdb.DuckDBPyConnection,
+    kind: str,
+    eid: int,
+    label: str,
+    ignore: list[int],
+    tag: str,
+) -> str | None:
+    """Find the rows of evidence ``eid`` (just inserted) that repeat an event already loaded.
+
+    An event is identified by the columns of ``schema.IDENTITY``; of the rows that share an
+    identity, the first loaded (by evidence, then source row) is kept. Every later row of this
+    file is flagged: an *exact duplicate* when all its canonical columns equal the kept row's,
+    else a *conflicting duplicate* naming the columns that differ. Rows of the ``ignore``
+    evidence ids are not compared against.
+
+    Set-based throughout: the identities this file repeats (within itself, or against what is
+    loaded: an anti-join, not a lookup per row) are found first, and only those rows are
+    ranked and compared. Returns the name of a temp table of ``(source_row, column_name,
+    reason)``, or None when nothing repeats.
+    """
+    identity = schema.IDENTITY.get(kind)
+    if not identity:
+        return None
+    cols = [c.name for c in schema.columns(kind)]
+    key = ", ".join(sql_ident(c) for c in identity)
+
+    def same(a: str, b: str, names: Iterable[str]) -> str:
+        return " AND ".join(
+            f"{a}.{sql_ident(c)} IS NOT DISTINCT FROM {b}.{sql_ident(c)}" for c in names
+        )
+
+    def older(alias: str = "") -> str:
+        # Rows loaded before this file, but not those of the partial loads it replaces.
+        where = f"{alias}evidence_id <> {eid}"
+        if ignore:
+            where += f" AND {alias}evidence_id NOT IN ({', '.join(str(i) for i in ignore)})"
+        return where
+
+    keys, flagged = f"__kv_dupkeys_{tag}", f"__kv_dups_{tag}"
+    repeated = con.execute(
+        f"CREATE OR REPLACE TEMP TABLE {keys} AS "
+        f"SELECT {key} FROM {kind} WHERE evidence_id = {eid} GROUP BY ALL HAVING count(*) > 1 "
+        f"UNION SELECT {', '.join(f'n.{sql_ident(c)}' for c in identity)} FROM {kind} n "
+        f"SEMI JOIN (SELECT {key} FROM {kind} WHERE {older()}) o ON {same('n', 'o', identity)} "
+        f"WHERE n.evidence_id = {eid}"
+    ).fetchone()[0]
+    if not repeated:
+        con.execute(f"DROP TABLE {keys}")
+        return None
+    differs = ", ".join(
+        f"CASE WHEN c.{sql_ident(n)} IS DISTINCT FROM k.{sql_ident(n)} THEN {sql_str(n)} END"
+        for n in cols
+    )
+    names = " and ".join(identity) if len(identity) < 3 else ", ".join(identity)
+    con.execute(
+        f"""CREATE OR REPLACE TEMP TABLE {flagged} AS
+        WITH c AS (
+          SELECT t.*, row_number() OVER (PARTITION BY {key} ORDER BY evidence_id, source_row)
+                   AS __kv_rank
+          FROM {kind} t SEMI JOIN {keys} d ON {same("t", "d", identity)}
+          WHERE t.evidence_id = {eid} OR ({older("t.")})
+        ),
+        k AS (SELECT * FROM c WHERE __kv_rank = 1)
+        SELECT c.source_row, {sql_str(identity[0])} AS column_name,
+          CASE WHEN {same("c", "k", cols)}
+            THEN '{EXACT_DUPLICATE}: same content as ' || where_kept || ', which is loaded'
+            ELSE '{CONFLICTING_DUPLICATE}: same {names} as ' || where_kept
+                 || ', which is loaded, but a different ' || concat_ws(', ', {differs})
+          END AS reason
+        FROM c JOIN (
+          SELECT k.*, CASE WHEN k.evidence_id = {eid} THEN {sql_str(label)} ELSE e.path END
+                      || ':' || k.source_row AS where_kept
+          FROM k LEFT JOIN evidence e USING (evidence_id)
+        ) k ON {same("c", "k", identity)}
+        WHERE c.__kv_rank > 1 AND c.evidence_id = {eid}"""
+    )
+    con.execute(f"DROP TABLE {keys}")
+    return flagged
 
 
 def _replace_partial(con: duckdb.DuckDBPyConnection, label: str, kind: str, eid: int) -> list[str]:
@@ -609,6 +753,10 @@ def _load_all(
                     label=label,
                 )
             )
+        except ResourceError:
+            # Not the file's fault: recording it as failed evidence would be wrong, and the
+            # next file would fail the same way.
+            raise
         except ForensicsError as exc:
             message = str(exc)
             message = message.removeprefix(f"{label}: ")
@@ -695,7 +843,7 @@ def ingest_case(case: Case, progress: Progress | None = None) -> IngestResult:
     from forensics.db import connect
 
     result = IngestResult()
-    con = connect(case.database)
+    con = connect(case.database, memory_limit=case.memory_limit)
     try:
         for i, entry in enumerate(case.evidence, start=1):
             files: list[Path] = []
@@ -734,11 +882,13 @@ def ingest_paths(
     fmt: str = "canonical",
     timezone: str = "UTC",
     progress: Progress | None = None,
+    memory_limit: str | None = None,
 ) -> IngestResult:
     """Load files (or globs) of one kind into the case database at ``db_path``.
 
     Failures (files that could not be loaded, patterns that matched nothing) are returned and
     stored in ``evidence_failures``, replacing what was recorded before for the same paths.
+    ``memory_limit`` caps DuckDB's memory (see :func:`forensics.db.connect`).
 
     Raises:
         ForensicsError: a bad kind, format name or time zone (before anything is loaded).
@@ -761,7 +911,7 @@ def ingest_paths(
             )
         files += found
     files = list(dict.fromkeys(files))
-    con = connect(db_path)
+    con = connect(db_path, memory_limit=memory_limit)
     try:
         _load_all(con, [(f, kind, fmt, timezone, {}, str(f)) for f in files], result, progress)
         tried = [str(f) for f in files] + [f.path for f in result.failures]

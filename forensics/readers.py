@@ -15,8 +15,10 @@ damage loads, the row the damage cut is rejected, and the source says what was l
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -338,7 +340,41 @@ def _open_jsonl(con, path: Path, compression, tag: str, progress) -> Source:
 # --- CSV ----------------------------------------------------------------------------------
 
 
+@contextmanager
+def _undecodable_rows(seen: list[Exception]) -> Iterator[None]:
+    """Keep Arrow's report of a malformed row that is not UTF-8 off the screen.
+
+    Arrow cannot hand such a row to the invalid-row handler: it prints the decoding error with
+    a traceback ("Exception ignored in ...") and fails the read. The read still fails (one line
+    naming the file); the error is kept in ``seen`` to say why.
+    """
+    previous = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        if isinstance(unraisable.exc_value, UnicodeDecodeError):
+            seen.append(unraisable.exc_value)
+            return
+        previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
+
+
 def _open_csv(con, path: Path, compression, tag: str, progress) -> Source:
+    seen: list[Exception] = []
+    with _undecodable_rows(seen):
+        try:
+            return _open_csv_as_read(con, path, compression, tag, progress)
+        except EvidenceError as exc:
+            if seen and str(exc).startswith("not a readable CSV file"):
+                raise EvidenceError("not valid UTF-8 text, so not a CSV file") from None
+            raise
+
+
+def _open_csv_as_read(con, path: Path, compression, tag: str, progress) -> Source:
     import pyarrow as pa
 
     try:
@@ -413,8 +449,13 @@ def _read_csv(
 
     try:
         probe, stream, _ = reader(None)
-        header = probe.schema.names
-        stream.close()
+        try:
+            header = probe.schema.names
+        except UnicodeDecodeError:
+            # Arrow hands the names over as they are; the values it checks itself.
+            raise EvidenceError("the CSV header is not valid UTF-8 text") from None
+        finally:
+            stream.close()
     except (OSError, pa.ArrowException) as exc:
         message = str(exc)
         if "Empty CSV file" not in message:
@@ -479,9 +520,11 @@ def _read_csv(
         numbers = sorted(b[0] for b in bad)
         shift = f"__kv_shift_{tag}"
         # One statement over parallel lists: executemany costs about a millisecond a row.
+        # Bad rows in a row share one k; the good row after them follows the last (max j):
+        # the as-of join must see one row per k, or it may pick any of them.
         con.execute(
-            f"CREATE TEMP TABLE {shift} AS "
-            "SELECT unnest(?::BIGINT[]) AS k, unnest(?::BIGINT[]) AS j",
+            f"CREATE TEMP TABLE {shift} AS SELECT k, max(j) AS j FROM "
+            "(SELECT unnest(?::BIGINT[]) AS k, unnest(?::BIGINT[]) AS j) GROUP BY k",
             [[b - j for j, b in enumerate(numbers, start=1)], list(range(1, len(numbers) + 1))],
         )
         source.cleanup.append(shift)

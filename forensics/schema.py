@@ -101,6 +101,98 @@ TIME_COLUMN = {
 SQL_TYPE = {"string": "VARCHAR", "int": "BIGINT", "float": "DOUBLE", "timestamp": "TIMESTAMPTZ"}
 
 
+# --- what a real log can hold ---------------------------------------------------------------
+# The one place the bounds of canonical values are written down (the README's Guarantees
+# section repeats them). Ingest rejects a value outside its bounds, naming the column and the
+# bounds, instead of loading it as a fact: no log of a real request holds a prompt of -5
+# tokens, a time to first token below zero or a timestamp in the year 10000.
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The inclusive range of a numeric column and how a reject reason names it."""
+
+    low: int | float
+    high: int | float
+    what: str  # plural noun for the reason: "token counts are 0 to 100,000,000"
+
+    def describe(self) -> str:
+        """The bounds as the reason of a reject states them.
+
+        >>> TOKENS.describe()
+        'token counts are 0 to 100,000,000'
+        """
+        return f"{self.what} are {self.low:,} to {self.high:,}"
+
+
+# 100 million tokens is ten times the largest context window offered today (10M): a count
+# beyond it is no prompt, answer or reservation a server handled.
+TOKENS = Bounds(0, 100_000_000, "token counts")
+POSITIVE_TOKENS = Bounds(1, 100_000_000, "context lengths")
+POOL_TOKENS = Bounds(1, 2**31 - 1, "KV pool sizes in tokens")
+# 0 is what proxies log for a request that never got a response; 599 is the last HTTP status.
+STATUS = Bounds(0, 599, "HTTP status codes")
+# A day: no first token or whole answer takes longer and still reaches a client.
+DURATION_MS = Bounds(0, 86_400_000, "durations in ms")
+RANKS = Bounds(0, 65_535, "data-parallel ranks")
+SIZES = Bounds(1, 65_536, "data-parallel sizes")
+PAGE_SIZES = Bounds(1, 1_048_576, "page sizes in tokens")
+PAGES = Bounds(0, 2**31 - 1, "page numbers and counts")
+
+VALUE_BOUNDS: dict[str, Bounds] = {
+    "prompt_tokens": TOKENS,
+    "completion_tokens": TOKENS,
+    "cached_tokens": TOKENS,
+    "input_tokens": TOKENS,
+    "reserved_tokens": TOKENS,
+    "transferred_tokens": TOKENS,
+    "max_req_input_len": TOKENS,
+    "context_length": POSITIVE_TOKENS,
+    "max_total_num_tokens": POOL_TOKENS,
+    "http_status": STATUS,
+    "status_code": STATUS,
+    "ttft_ms": DURATION_MS,
+    "e2e_ms": DURATION_MS,
+    "dp_rank": RANKS,
+    "dp_size": SIZES,
+    "page_size": PAGE_SIZES,
+    "first_page": PAGES,
+    "page_count": PAGES,
+}
+
+# Timestamps: from 2000-01-01 (inclusive) to 2100-01-01 (exclusive), UTC. No LLM serving log
+# predates 2000; earlier values are unset clocks (epoch 0) or misread units, later ones typos.
+TIME_LOW = "2000-01-01 00:00:00+00"
+TIME_HIGH = "2100-01-01 00:00:00+00"
+TIME_BOUNDS_TEXT = "timestamps are 2000-01-01 to 2099-12-31, UTC"
+
+# (column, other): within one row, ``column`` cannot be earlier than ``other`` (one record's
+# events happen in order). ``other`` always comes first in the kind's columns, so its own
+# problems are reported before the order is judged.
+NOT_BEFORE: dict[str, tuple[tuple[str, str], ...]] = {
+    "requests": (
+        ("first_token_at", "received_at"),
+        ("completed_at", "received_at"),
+        ("completed_at", "first_token_at"),
+    ),
+    "engine_legs": (("finished_at", "started_at"),),
+}
+
+# Kinds where one row stands for one event, with the columns that identify it (request_id
+# first: it is the column a duplicate's reject names). A later row with the same identity is a
+# duplicate: the first loaded is kept and the others are rejected, as an exact duplicate (same
+# content: overlapping log files) or a conflicting one (different content: a retry logged
+# twice, a replayed or edited log). Engine legs are identified by request, role, node and
+# start, so a leg retried later or elsewhere is a leg of its own; an allocation logs one row
+# per run of pages, so a run is identified by its first page too. Pool snapshots and tenant
+# profiles are left alone: a repeated snapshot or profile changes no finding.
+IDENTITY: dict[str, tuple[str, ...]] = {
+    "requests": ("request_id",),
+    "engine_legs": ("request_id", "role", "node", "started_at"),
+    "kv_allocations": ("request_id", "node", "dp_rank", "at", "op", "first_page"),
+}
+
+
 def columns(kind: str) -> tuple[Column, ...]:
     """The canonical columns of one evidence kind.
 

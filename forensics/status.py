@@ -254,8 +254,15 @@ def evidence_status(con: duckdb.DuckDBPyConnection) -> StatusReport:
             "FROM evidence GROUP BY kind ORDER BY kind"
         ).fetchall()
     ]
+    return StatusReport(
+        files=files, spans=spans, rejects=reject_groups(con), outcomes=evidence_outcomes(con)
+    )
+
+
+def reject_groups(con: duckdb.DuckDBPyConnection) -> list[RejectGroup]:
+    """Rejected rows grouped by kind, column and kind of problem, most frequent first."""
     # Reasons quote the offending value after ": "; group on the wording before it.
-    rejects = [
+    return [
         RejectGroup(*r)
         for r in con.execute(
             "WITH r AS (SELECT e.kind, r.column_name, split_part(r.reason, ': ', 1) AS reason, "
@@ -266,4 +273,39 @@ def evidence_status(con: duckdb.DuckDBPyConnection) -> StatusReport:
             "GROUP BY ALL ORDER BY count(*) DESC, kind, column_name, reason"
         ).fetchall()
     ]
-    return StatusReport(files=files, spans=spans, rejects=rejects, outcomes=evidence_outcomes(con))
+
+
+# The two kinds of duplicate ingest rejects (forensics.ingest._duplicates): their reasons start
+# with these words.
+EXACT_DUPLICATE = "exact duplicate"
+CONFLICTING_DUPLICATE = "conflicting duplicate"
+
+
+@dataclass
+class Duplicates:
+    """Rows rejected because they repeat an event already loaded.
+
+    ``exact`` repeat it word for word (overlapping log files); ``conflicting`` tell it
+    differently (a retry logged twice, a replayed or edited log) and are listed in ``shown``
+    (kind, path, row, reason), the first ``limit`` of them.
+    """
+
+    exact: int
+    conflicting: int
+    shown: list[tuple[str, str, int, str]]
+
+
+def duplicate_rejects(con: duckdb.DuckDBPyConnection, limit: int = 50) -> Duplicates:
+    """How many rows were rejected as duplicates, and the conflicting ones first in file order."""
+    exact, conflicting = con.execute(
+        f"SELECT count(*) FILTER (WHERE starts_with(reason, '{EXACT_DUPLICATE}:')), "
+        f"count(*) FILTER (WHERE starts_with(reason, '{CONFLICTING_DUPLICATE}:')) FROM rejects"
+    ).fetchone()
+    shown = con.execute(
+        "SELECT e.kind, r.path, r.source_row, r.reason FROM rejects r "
+        "JOIN evidence e USING (evidence_id) "
+        f"WHERE starts_with(r.reason, '{CONFLICTING_DUPLICATE}:') "
+        "ORDER BY r.path, r.source_row, r.evidence_id LIMIT ?",
+        [limit],
+    ).fetchall()
+    return Duplicates(exact, conflicting, [tuple(r) for r in shown])

@@ -26,3 +26,26 @@ def memory_db():
     con = connect(":memory:")
     yield con
     con.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_reference(tmp_path_factory) -> Path:
+    """The tiny case run once by ``forensics run`` under the common umask 022: its manifest,
+    with the outputs in report/ beside it. Shared: compare against it, never write into it."""
+    import os
+
+    from typer.testing import CliRunner
+
+    from forensics.cli import app
+
+    target = tmp_path_factory.mktemp("reference") / "tiny_case"
+    shutil.copytree(FIXTURES / "tiny_case", target, ignore=shutil.ignore_patterns("*.duckdb*"))
+    previous = os.umask(0o022)
+    try:
+        result = CliRunner().invoke(app, ["run", str(target / "case.toml")])
+        # The command made its own files private and gave the umask back.
+        assert os.umask(0o022) == 0o022
+    finally:
+        os.umask(previous)
+    assert result.exit_code == 0, result.output
+    return target / "case.toml"

@@ -59,7 +59,9 @@ def test_a_failed_file_exits_1_after_loading_the_rest(tmp_path):
     db = tmp_path / "case.duckdb"
     good = _jsonl(tmp_path / "good.jsonl", [1, 2])
     bad = tmp_path / "bad.jsonl.gz"
-    bad.write_bytes(gzip.compress(good.read_bytes())[:-12])
+    # Other request ids than good.jsonl's, so that its rows are no duplicates.
+    other = good.read_bytes().replace(b'"request_id":"r', b'"request_id":"s')
+    bad.write_bytes(gzip.compress(other)[:-12])
     (tmp_path / "broken.parquet").write_bytes(b"PAR1 not really")
     args = ["ingest", str(db), str(good), str(bad), str(tmp_path / "broken.parquet")]
     result = runner.invoke(app, [*args, "--kind", "requests"])

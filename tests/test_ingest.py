@@ -351,7 +351,9 @@ def test_defaults_supply_a_column_the_file_lacks(tmp_path, memory_db):
 
 def test_corrupt_files_fail_alone_while_the_others_load(tmp_path):
     good = write(tmp_path / "good.jsonl", _rows())
-    truncated = write(tmp_path / "cut.jsonl", _rows(), "gz")
+    # Other requests than good.jsonl's: the same ones would be rejected as duplicates.
+    other = [dict(r, request_id=f"cut-{r['request_id']}") for r in _rows()]
+    truncated = write(tmp_path / "cut.jsonl", other, "gz")
     truncated.write_bytes(truncated.read_bytes()[:-20])
     (tmp_path / "garbage.jsonl").write_bytes(bytes(range(256)) * 40)
     (tmp_path / "garbage.parquet").write_bytes(b"PAR1 not really")

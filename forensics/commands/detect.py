@@ -6,21 +6,27 @@ from pathlib import Path
 
 import typer
 
-from forensics.cli import app, handle_errors
+from forensics.cli import MEMORY_OPT, app, handle_errors
 
 
 @app.command()
 @handle_errors
-def detect(case_path: Path = typer.Argument(..., help="The case manifest (case.toml).")) -> None:
+def detect(
+    case_path: Path = typer.Argument(..., help="The case manifest (case.toml)."),
+    memory_limit: str | None = MEMORY_OPT,
+) -> None:
     """Run every detector and write the findings tables."""
     from rich.console import Console
     from rich.table import Table
 
-    from forensics.db import open_case
+    from forensics.db import open_case, transaction
     from forensics.detect import detect_case
 
-    case, con = open_case(case_path)
-    summary = detect_case(con, case)
+    case, con = open_case(case_path, memory_limit)
+    # Findings are replaced whole or not at all: a detection that is killed or fails leaves
+    # the previous findings, which a report can still read.
+    with transaction(con):
+        summary = detect_case(con, case)
     console = Console()
     table = Table(title="Detectors")
     table.add_column("detector")

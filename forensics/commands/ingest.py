@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from forensics.cli import app, handle_errors
+from forensics.cli import MEMORY_OPT, app, handle_errors
 from forensics.schema import KINDS
 
 if TYPE_CHECKING:
@@ -31,6 +31,7 @@ def ingest(
     timezone: str = typer.Option(
         "UTC", "--timezone", help="Zone of timestamps without an offset (file form)."
     ),
+    memory_limit: str | None = MEMORY_OPT,
 ) -> None:
     """Load evidence: `ingest CASE.toml`, or `ingest DB FILE... --kind KIND [--format F]`."""
     from forensics.case import FORMATS
@@ -51,11 +52,18 @@ def ingest(
             raise typer.BadParameter(
                 f"{fmt!r} is not one of {', '.join(FORMATS)}", param_hint="--format"
             )
-    _ingest(target, files or [], kind.value if kind else None, fmt, timezone)
+    _ingest(target, files or [], kind.value if kind else None, fmt, timezone, memory_limit)
 
 
 @handle_errors
-def _ingest(target: str, files: list[str], kind: str | None, fmt: str, timezone: str) -> None:
+def _ingest(
+    target: str,
+    files: list[str],
+    kind: str | None,
+    fmt: str,
+    timezone: str,
+    memory_limit: str | None = None,
+) -> None:
     from rich.console import Console
 
     from forensics.ingest import ingest_case, ingest_paths
@@ -66,10 +74,16 @@ def _ingest(target: str, files: list[str], kind: str | None, fmt: str, timezone:
             from forensics.case import load_case
 
             case = load_case(target)
+            if memory_limit is not None:
+                from dataclasses import replace
+
+                case = replace(case, memory_limit=memory_limit)
             result = ingest_case(case, progress=progress)
             where = case.database
         else:
-            result = ingest_paths(target, files, kind, fmt, timezone, progress=progress)
+            result = ingest_paths(
+                target, files, kind, fmt, timezone, progress=progress, memory_limit=memory_limit
+            )
             where = Path(target)
     _summary(Console(width=max(Console().width, 120)), result, where)
     # Everything else has loaded by now; evidence that did not load whole is an error.
@@ -99,19 +113,27 @@ class _Bar:
             TimeRemainingColumn(),
             console=console,
             transient=True,
+            # Only on a terminal: in a log or a pipe a bar is noise, and an error must stay
+            # the one line the command prints.
+            disable=not console.is_terminal,
         )
         self.tasks: dict[str, int] = {}
+        self.started = False
 
     def __enter__(self) -> _Bar:
-        self.progress.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.progress.__exit__(*exc)
+        if self.started:
+            self.progress.__exit__(*exc)
 
     def __call__(self, label: str, done: int, total: int) -> None:
         if total < _BAR_BYTES:
             return
+        if not self.started:
+            # Started with the first bar: an idle display still writes a line.
+            self.progress.__enter__()
+            self.started = True
         if label not in self.tasks:
             self.tasks[label] = self.progress.add_task(Path(label).name, total=total)
         self.progress.update(self.tasks[label], completed=done)
@@ -158,6 +180,15 @@ def _summary(console: Console, result: IngestResult, where: Path) -> None:
         f"loaded {result.rows_loaded:,}, rejected {result.rows_rejected:,}",
         highlight=False,
     )
+    if result.duplicates or result.conflicts:
+        # Rejected, never loaded twice; said here because a repeated event is a finding itself.
+        console.print(
+            f"Duplicates rejected: {plural(result.duplicates, 'exact duplicate')} of rows "
+            f"already loaded (the same event in overlapping files), "
+            f"{plural(result.conflicts, 'conflicting duplicate')} (an event already loaded, "
+            "with different content: a retry logged twice, a replayed or edited log).",
+            highlight=False,
+        )
     for f in result.files:
         for sha in f.replaced:
             console.print(

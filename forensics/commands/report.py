@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from forensics.cli import app, handle_errors
+from forensics.cli import MEMORY_OPT, app, handle_errors
 
 CASE_ARG = typer.Argument(..., help="The case manifest (case.toml).")
 OUT_OPT = typer.Option(None, "--out", help="Output folder (default: report/ beside the manifest).")
@@ -85,6 +85,7 @@ def report(
         None, "--redact-key", help="Pseudonym key (default: $FORENSICS_REDACT_KEY)."
     ),
     as_of: str | None = AS_OF_OPT,
+    memory_limit: str | None = MEMORY_OPT,
 ) -> None:
     """Render the report, CSVs, customer notices and manifest from a case's findings."""
     from rich.console import Console
@@ -94,7 +95,7 @@ def report(
     from forensics.report import write_report
 
     when = _as_of(as_of)
-    case, con = open_case(case_path)
+    case, con = open_case(case_path, memory_limit)
     result = write_report(
         con, case, out or case.folder / "report", as_of=when, redact=redact, redact_key=redact_key
     )
@@ -116,7 +117,12 @@ def _evidence_problems(con) -> list[str]:
 
 @app.command()
 @handle_errors
-def run(case_path: Path = CASE_ARG, out: Path | None = OUT_OPT, as_of: str | None = AS_OF_OPT):
+def run(
+    case_path: Path = CASE_ARG,
+    out: Path | None = OUT_OPT,
+    as_of: str | None = AS_OF_OPT,
+    memory_limit: str | None = MEMORY_OPT,
+):
     """Ingest every evidence entry, run detection and write the report outputs."""
     from rich.console import Console
     from rich.progress import (
@@ -129,7 +135,7 @@ def run(case_path: Path = CASE_ARG, out: Path | None = OUT_OPT, as_of: str | Non
     )
 
     from forensics.case import load_case
-    from forensics.db import connect
+    from forensics.db import connect, transaction
     from forensics.detect import detect_case
     from forensics.ingest import ingest_case
     from forensics.report import write_report
@@ -138,6 +144,10 @@ def run(case_path: Path = CASE_ARG, out: Path | None = OUT_OPT, as_of: str | Non
 
     when = _as_of(as_of)
     case = load_case(case_path)
+    if memory_limit is not None:
+        from dataclasses import replace
+
+        case = replace(case, memory_limit=memory_limit)
     console = Console()
     columns = (
         SpinnerColumn(),
@@ -154,10 +164,12 @@ def run(case_path: Path = CASE_ARG, out: Path | None = OUT_OPT, as_of: str | Non
 
         ingested = ingest_case(case, progress=progress)
         bar.update(task, description="Running detectors", completed=0, total=None)
-        con = connect(case.database)
-        detected = detect_case(con, case)
-        bar.update(task, description="Scoping notifications")
-        scope = scope_case(con, case)
+        con = connect(case.database, memory_limit=case.memory_limit)
+        # Findings and scope are replaced whole or not at all (a kill, an error).
+        with transaction(con):
+            detected = detect_case(con, case)
+            bar.update(task, description="Scoping notifications")
+            scope = scope_case(con, case)
         bar.update(task, description="Writing the report")
         result = write_report(con, case, out or case.folder / "report", as_of=when, scope=scope)
     console.print(

