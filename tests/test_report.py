@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from fixtures.findings.builder import (
+    FINDINGS_PARQUET,
     NOTIFIED_TENANTS,
     OUTPUT_FILES,
     REQUESTS,
@@ -133,7 +134,7 @@ def test_writes_exactly_the_fixed_outputs_into_created_folders(report):
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     slugs = assign_slugs(NOTIFIED_TENANTS)
     notices = [f"notices/{s}.{ext}" for s in slugs.values() for ext in ("md", "csv")]
-    assert files == sorted([*OUTPUT_FILES, *notices])
+    assert files == sorted([*OUTPUT_FILES, *FINDINGS_PARQUET, *notices])
     assert report["result"].files[-1] == out / "manifest.json"
 
 
@@ -460,7 +461,8 @@ def test_redacted_report_has_no_tenant_ids(tmp_path):
     write_report(con, case, out)  # unredacted first: its notices must not survive
     result = write_report(con, case, out, redact=True, redact_key="k1")
     assert result.notices == []
-    assert any("Notices were not written" in m for m in result.messages)
+    assert any("Notices and findings/*.parquet were not written" in m for m in result.messages)
+    assert not list((out / "findings").glob("*.parquet"))
     assert not list((out / "notices").glob("*.md"))
     for name in OUTPUT_FILES:
         text = (out / name).read_text(encoding="utf-8")
@@ -833,3 +835,34 @@ def test_run_writes_every_output_then_exits_1_on_incomplete_evidence(tmp_path):
     assert "evidence-incomplete" not in (out / "report.html").read_text()
     _, notes = read_csv(out / "notifications.csv")
     assert "acct_charlie" in {n["tenant_id"] for n in notes if n["role"] == "recipient"}
+
+
+def test_timeline_export_is_timesketch_jsonl(report):
+    lines = (report["out"] / "timeline.jsonl").read_text(encoding="utf-8").splitlines()
+    events = [json.loads(line) for line in lines]
+    assert all({"message", "datetime", "timestamp_desc"} <= e.keys() for e in events)
+    assert [e["datetime"] for e in events] == sorted(e["datetime"] for e in events)
+    _, affected = read_csv(report["out"] / "affected_responses.csv")
+    responses = [e for e in events if e["kind"] == "affected_response"]
+    assert sorted(e["request_id"] for e in responses) == sorted(r["request_id"] for r in affected)
+    first = next(e for e in responses if e["request_id"] == "r-a1")
+    assert first["datetime"] == "2026-09-01T10:00:00Z"
+    assert first["timestamp_desc"] == "Request received"
+    assert first["message"].startswith("Affected response r-a1 to acct_alpha: confirmed")
+    kinds = {e["kind"] for e in events}
+    assert {"case_event", "configuration_change", "exclusion"} <= kinds
+    exclusion = [e["message"] for e in events if e["kind"] == "exclusion"]
+    assert any(m.startswith("Exclusion 'researcher' (Bug bounty") for m in exclusion)
+
+
+def test_findings_are_written_as_parquet_beside_the_csvs(report):
+    import duckdb
+
+    path = report["out"] / "findings" / "findings_affected.parquet"
+    rows = duckdb.sql(f"SELECT request_id, verdict FROM read_parquet('{path}')").fetchall()
+    _, affected = read_csv(report["out"] / "affected_responses.csv")
+    assert sorted(rows) == sorted((r["request_id"], r["verdict"]) for r in affected)
+    listed = {
+        o["path"] for o in json.loads((report["out"] / "manifest.json").read_text())["outputs"]
+    }
+    assert "findings/findings_exposures.parquet" in listed

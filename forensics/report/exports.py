@@ -113,20 +113,36 @@ def timesketch_jsonl(data: ReportData) -> str:
 def write_findings_parquet(con: duckdb.DuckDBPyConnection, folder: Path) -> list[Path]:
     """Copy each findings table to ``folder/<table>.parquet``; returns the paths written.
 
-    DuckDB writes the files (set-based, any size); a table the database lacks is skipped.
+    DuckDB writes each file (set-based, any size) under a temporary name in the same folder,
+    which is made private and renamed when complete, like every other output; a table the
+    database lacks is skipped.
     """
+    import os
+
+    import duckdb
+
+    from forensics.errors import ForensicsError
+    from forensics.files import PARTIAL_SUFFIX, make_private, private_dirs
     from forensics.readers import sql_str
 
     have = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
-    folder.mkdir(parents=True, exist_ok=True)
+    private_dirs(folder)
     written = []
     for table, order in PARQUET_TABLES.items():
         if table not in have:
             continue
         path = folder / f"{table}.parquet"
-        con.execute(
-            f"COPY (SELECT * FROM {table} ORDER BY {order}) TO {sql_str(str(path))} "
-            "(FORMAT parquet, COMPRESSION zstd)"
-        )
+        tmp = folder / f".{path.name}{PARTIAL_SUFFIX}"
+        try:
+            con.execute(
+                f"COPY (SELECT * FROM {table} ORDER BY {order}) TO {sql_str(str(tmp))} "
+                "(FORMAT parquet, COMPRESSION zstd)"
+            )
+            make_private(tmp)
+            os.replace(tmp, path)
+        except (duckdb.Error, OSError) as exc:
+            tmp.unlink(missing_ok=True)
+            first = str(exc).strip().splitlines()[0]
+            raise ForensicsError(f"{path}: cannot write the file ({first})") from None
         written.append(path)
     return written

@@ -16,6 +16,7 @@ from forensics import __version__
 from forensics.errors import ForensicsError
 from forensics.files import private_dirs, remove_partials, sync_dir, write_atomic
 from forensics.report.data import all_tenant_ids, generation_time, iso, load_report_data
+from forensics.report.exports import timesketch_jsonl, write_findings_parquet
 from forensics.report.redact import Redactor, resolve_key
 
 if TYPE_CHECKING:
@@ -130,6 +131,13 @@ def _write(path: Path, text: str, written: list[Path]) -> None:
     written.append(path)
 
 
+def _clear_findings(folder: Path) -> None:
+    # Parquet copies of an earlier run may be unredacted: the folder holds this run's only.
+    if folder.is_dir():
+        for old in folder.glob("*.parquet"):
+            old.unlink()
+
+
 def _clear_notices(folder: Path) -> None:
     # Notices from an earlier run may name tenants no longer notified (or be unredacted copies
     # in a folder about to be shared): the folder holds exactly this run's notices.
@@ -221,16 +229,19 @@ def write_report(
         for x in data.exploitation
     ]
     _write(out / "exploitation.csv", _csv(EXPLOITATION_COLUMNS, exploitation), written)
+    _write(out / "timeline.jsonl", timesketch_jsonl(data), written)
 
     notices: list[Path] = []
     messages: list[str] = []
     _clear_notices(out / "notices")
+    _clear_findings(out / "findings")
     if redact:
         messages.append(
-            "Notices were not written: they go to each tenant unredacted. "
-            "Run without --redact to write them."
+            "Notices and findings/*.parquet were not written: they hold tenant ids"
+            " unredacted. Run without --redact to write them."
         )
     else:
+        written += write_findings_parquet(con, out / "findings")
         notices = write_notices(
             con,
             case,
