@@ -56,6 +56,8 @@ class EvidenceBasis:
 KIND_LABELS = {
     "requests": "the client request log",
     "engine_legs": "the engines' prefill and decode records",
+    "prefill_legs": "the prefill engines' records",
+    "decode_legs": "the decode engines' records",
     "prefill_snapshots": "the prefill nodes' pool limits",
     "decode_snapshots": "the decode nodes' pool sizes",
 }
@@ -75,6 +77,12 @@ def evidence_basis(con: duckdb.DuckDBPyConnection) -> EvidenceBasis:
     rows = {
         "requests": con.execute("SELECT count(*) FROM requests").fetchone()[0],
         "engine_legs": con.execute("SELECT count(*) FROM engine_legs").fetchone()[0],
+        "prefill_legs": con.execute(
+            "SELECT count(*) FROM engine_legs WHERE role IN ('prefill', 'unified')"
+        ).fetchone()[0],
+        "decode_legs": con.execute(
+            "SELECT count(*) FROM engine_legs WHERE role IN ('decode', 'unified')"
+        ).fetchone()[0],
         "prefill_snapshots": con.execute(
             "SELECT count(*) FROM pool_snapshots"
             " WHERE coalesce(role, 'prefill') IN ('prefill', 'unified')"
@@ -85,9 +93,13 @@ def evidence_basis(con: duckdb.DuckDBPyConnection) -> EvidenceBasis:
         ).fetchone()[0],
     }
     allocation_log = con.execute("SELECT count(*) FROM kv_allocations").fetchone()[0] > 0
+    missing = [k for k in KIND_LABELS if rows[k] == 0]
+    if "engine_legs" in missing:
+        # One side of the engines missing is said as such; both as the engine records.
+        missing = [k for k in missing if k not in ("prefill_legs", "decode_legs")]
     basis = EvidenceBasis(
         rows=rows,
-        missing=[k for k in KIND_LABELS if rows[k] == 0],
+        missing=missing,
         unknown_tenant_responses=unknown_tenant_responses,
     )
     c = basis.caveats
@@ -137,6 +149,21 @@ def evidence_basis(con: duckdb.DuckDBPyConnection) -> EvidenceBasis:
         c["sources"] = (
             "Replayed from client times (confidence medium at best) or, where a decode pool is"
             " unknown, temporal candidates for review."
+        )
+    elif rows["decode_legs"] == 0:
+        c["affected"] = (
+            "No decode records: a request the client log lost cannot be shown answered, so its"
+            " prefill rejection is only possible (review list); for the rest, verdicts rest on"
+            " the client log and the prefill records."
+        )
+        c.setdefault(
+            "sources",
+            "Replayed from client times, not from decode records: confidence medium at best.",
+        )
+    elif rows["prefill_legs"] == 0:
+        c["affected"] = (
+            "No prefill records: no rejection can be seen; verdicts rest on the limits"
+            " (over_pool), decode transfers and latency."
         )
     if rows["prefill_snapshots"] == 0 and not no_requests:
         c.setdefault(

@@ -67,10 +67,10 @@ def coverage_statement(holes: int, client_only: int, engine_only: int, engine_ro
         }
     return {
         "level": "incomplete",
-        "statement": f"Incomplete: {holes:,} silences in a log while the other side shows work,"
-        f" {client_only:,} requests with no engine leg, {engine_only:,} engine legs with no"
-        " client request. Findings for those requests and periods rest on the side that was"
-        " logged; see Log coverage.",
+        "statement": f"Incomplete: {holes:,} silence{'' if holes == 1 else 's'} in a log while"
+        f" the other side shows work, {client_only:,} requests with no engine leg,"
+        f" {engine_only:,} engine legs with no client request. Findings for those requests"
+        " and periods rest on the side that was logged; see Log coverage.",
         "holes": holes,
         "client_only": client_only,
         "engine_only": engine_only,

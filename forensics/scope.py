@@ -113,6 +113,12 @@ unknown_recipients AS (
   FROM findings_affected
   WHERE notified_verdict(verdict) AND tenant_id IS NULL AND excluded_by IS NULL
 ),
+unknown_possible AS (
+  SELECT count(*) AS responses, min(received_at) AS first_at, max(received_at) AS last_at,
+         string_agg(DISTINCT signals, '; ' ORDER BY signals) AS signals
+  FROM findings_affected
+  WHERE verdict = 'possible' AND tenant_id IS NULL AND excluded_by IS NULL
+),
 unknown_sources AS (
   SELECT count(DISTINCT recipient_request_id) AS responses, min(received_at) AS first_at,
          max(received_at) AS last_at, confidence_at(min(confidence_rank)) AS confidence
@@ -134,6 +140,12 @@ SELECT NULL, 'recipient', responses, first_at, last_at, NULL,
        format('{} response(s); map their request ids to tenants through the gateway logs',
               responses)
 FROM unknown_recipients WHERE responses > 0
+UNION ALL
+SELECT NULL, 'recipient', responses, first_at, last_at, 'possible',
+       'tenant unknown and only possible: engine records with no client record that do not'
+         || ' settle whether a response went out (a prefill rejection with no decode leg)',
+       format('{} request(s); signals: {}', responses, signals)
+FROM unknown_possible WHERE responses > 0
 UNION ALL
 SELECT NULL, 'source', responses, first_at, last_at, confidence,
        'tenant unknown: stale pages last written by engine requests without a client record',

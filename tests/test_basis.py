@@ -15,7 +15,10 @@ REQUEST = {
     "prompt_tokens": 10,
     "http_status": 200,
 }
-LEG = {"request_id": "r1", "role": "decode", "node": "d0", "started_at": "2026-09-01T10:00:01Z"}
+LEGS = [
+    {"request_id": "r1", "role": "prefill", "node": "p0", "started_at": "2026-09-01T10:00:00Z"},
+    {"request_id": "r1", "role": "decode", "node": "d0", "started_at": "2026-09-01T10:00:01Z"},
+]
 PREFILL = {
     "node": "p0",
     "observed_at": "2026-09-01T00:00:00Z",
@@ -34,7 +37,7 @@ def _db(*kinds):
     con = connect(":memory:")
     for ddl in FINDINGS_DDL.values():
         con.execute(ddl)
-    rows = {"requests": [REQUEST], "engine_legs": [LEG], "prefill": [PREFILL], "decode": [DECODE]}
+    rows = {"requests": [REQUEST], "engine_legs": LEGS, "prefill": [PREFILL], "decode": [DECODE]}
     for kind in kinds:
         insert_rows(con, "pool_snapshots" if kind in ("prefill", "decode") else kind, rows[kind])
     return con
@@ -82,3 +85,17 @@ def test_affected_responses_without_a_tenant_are_counted():
     assert (
         "1 affected response has no tenant and is on the review list" in basis.caveats["recipients"]
     )
+
+
+def test_one_side_of_the_engines_missing_is_named():
+    con = _db("requests", "prefill", "decode")
+    insert_rows(
+        con,
+        "engine_legs",
+        [{"request_id": "r1", "role": "prefill", "node": "p0", "started_at": "2026-09-01T10:00Z"}],
+    )
+    basis = evidence_basis(con)
+    assert basis.missing == ["decode_legs"]
+    assert "cannot be shown answered" in basis.caveats["affected"]
+    assert "client times" in basis.caveats["sources"]
+    assert "decode_legs (the decode engines' records)" in basis.headline()
