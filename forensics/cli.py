@@ -139,6 +139,14 @@ def _register_commands() -> None:
 
     for mod in sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)):
         importlib.import_module(f"forensics.commands.{mod}")
+    # Help lists them in the order a responder uses them: the main job first.
+    order = ("run", "ingest", "status", "detect", "explain", "report", "sql", "simulate")
+
+    def place(command: Any) -> int:
+        name = command.name or command.callback.__name__
+        return order.index(name) if name in order else len(order)
+
+    app.registered_commands.sort(key=place)
 
 
 _register_commands()

@@ -236,6 +236,14 @@ def test_status_json_is_the_library_account(hostile):
     assert doc["rejects"][0]["example"].endswith("not an integer: '[red]12'")
 
 
+def test_help_lists_the_commands_in_the_order_of_the_work_each_summary_whole():
+    lines = invoke(["--help"], columns=80).output.splitlines()
+    commands = lines[lines.index("Commands:") + 1 :]
+    names = [line.split()[0] for line in commands]
+    assert names == ["run", "ingest", "status", "detect", "explain", "report", "sql", "simulate"]
+    assert not any(line.endswith("...") for line in commands)
+
+
 def test_help_reads_like_a_command_line():
     for command in ["--help", "run --help", "ingest --help", "explain --help", "status --help"]:
         result = invoke(command.split(), columns=100)

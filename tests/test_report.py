@@ -593,7 +593,7 @@ def test_run_end_to_end_on_the_tiny_case(tmp_path):
     assert first.exit_code == 0, first.output
     assert "Ingest: 4 files loaded: rows read 99, loaded 99, rejected 0." in first.output
     out = tmp_path / "case" / "report"
-    assert f"Report: {out / 'report.html'}" in first.output.splitlines()
+    assert f"Report: {out / 'report.html'}" in first.output.splitlines()  # not under the cwd
     for name in OUTPUT_FILES:
         assert (out / name).is_file(), name
     _, affected = read_csv(out / "affected_responses.csv")

@@ -58,7 +58,11 @@ def explain(
         show_default=False,
     ),
 ) -> None:
-    """Tell one request's story: records, limit, signals, verdict, exposures."""
+    """Explain one request: records, signals, verdict, exposures.
+
+    Its client record (or the engine's view), each engine leg, the limit in force, every
+    signal with its evidence rows, the verdict and why, and whose KV it read or lent.
+    """
     from forensics.db import open_case
     from forensics.explain import explain_request
     from forensics.terminal import make_console
@@ -282,28 +286,27 @@ def _consequence(e: Explanation) -> str:
 
 
 def _exposures(console: Console, e: Explanation) -> None:
+    from forensics.terminal import plural
+
     say = console.print
+    a = e.attribution
+    how = ""
+    if a:
+        rank = f" rank {a['dp_rank']}" if a.get("dp_rank") is not None else ""
+        how = f"; sources {a['status']} ({a['method']} on {a['node']}{rank})"
+        if a.get("note"):
+            how += f": {a['note']}"
     if e.as_recipient:
         tenants = {x["source_tenant_id"] for x in e.as_recipient}
         tokens = sum(x["tokens"] or 0 for x in e.as_recipient)
-        a = e.attribution
-        how = ""
-        if a:
-            rank = f" rank {a['dp_rank']}" if a.get("dp_rank") is not None else ""
-            how = f"; sources {a['status']} ({a['method']} on {a['node']}{rank})"
-            if a.get("note"):
-                how += f": {a['note']}"
         say(
-            f"Read other requests' KV: {len(e.as_recipient):,} exposures from "
-            f"{len(tenants):,} tenants, {tokens:,} tokens{how}"
+            f"Read other requests' KV: {plural(len(e.as_recipient), 'exposure')} from "
+            f"{plural(len(tenants), 'tenant')}, {plural(tokens, 'token')}{how}"
         )
         for x in e.as_recipient:
             say(f"  {_exposure(x, 'source')}")
-    elif e.attribution:
-        a = e.attribution
-        say(f"Read other requests' KV: none found ({a['method']}: {a['note'] or a['status']})")
     else:
-        say("Read other requests' KV: none")
+        say(f"Read other requests' KV: none{' found' if a else ''}{how}")
     if e.as_source:
         recipients = {x["recipient_tenant_id"] for x in e.as_source}
         say(f"Its KV was read by: {len(e.as_source):,} responses of {len(recipients):,} tenants")

@@ -72,7 +72,7 @@ def ingest(
     ),
     memory_limit: str | None = MEMORY_OPT,
 ) -> None:
-    """Load evidence: every [[evidence]] entry of a case, or files by name.
+    """Load a case's evidence, or files by name into a database.
 
     `forensics ingest CASE` loads what the manifest lists; `forensics ingest DB FILE...
     --kind KIND` loads files of one kind into a case database.
@@ -211,7 +211,11 @@ def status(
         False, "--json", help="Print JSON for scripts (the shape is in the README)."
     ),
 ) -> None:
-    """Show the evidence loaded: files, sha256, rows, rejects, time span."""
+    """Show the evidence loaded: files, rows, rejects, time span.
+
+    Each file with its sha256, rows and rejects, what did not load whole, the time each kind
+    of evidence spans and the rejected rows by reason.
+    """
     from forensics.case import load_case
     from forensics.db import connect
     from forensics.errors import ForensicsError

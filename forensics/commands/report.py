@@ -87,7 +87,7 @@ def _print_result(console: Console, result: ReportResult) -> None:
     console.print(f"Exploitation: {s['conclusion']}")
     for message in result.messages:
         console.print(styled(("note: ", "yellow"), message))
-    console.print(styled("Report: ", (str(result.out_dir / "report.html"), "bold")))
+    console.print(styled("Report: ", (shown(result.out_dir / "report.html"), "bold")))
     console.print(_written(result))
 
 
@@ -113,7 +113,16 @@ def _written(result: ReportResult) -> str:
         letters = sum(1 for p in notices if p.suffix == ".md")
         each = "each with a CSV of its requests" if letters > 1 else "with a CSV of its requests"
         names.insert(-1, f"notices/ ({plural(letters, 'notice')}, {each})")
-    return f"Wrote {len(result.files):,} files to {result.out_dir}/: {', '.join(names)}"
+    return f"Wrote {len(result.files):,} files to {shown(result.out_dir)}/: {', '.join(names)}"
+
+
+def shown(path: Path) -> str:
+    """A path as short as it can be and still be used from here: relative to the current
+    folder when it lies inside it, else absolute."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _print_warnings(console: Console, warnings: list[str]) -> None:

@@ -52,7 +52,7 @@ def simulate(
         show_default=False,
     ),
 ) -> None:
-    """Write a synthetic incident case: case.toml, evidence/ and truth/."""
+    """Write a synthetic case: case.toml, evidence/ and truth/."""
     from forensics.simulate import simulate_case
 
     s = simulate_case(

@@ -23,7 +23,10 @@ def sql(
     csv_out: bool = typer.Option(False, "--csv", help="Print CSV instead of a table."),
     limit: int = typer.Option(1000, "--limit", metavar="N", min=1, help="Most rows to print."),
 ) -> None:
-    """Ask the case database one read-only SQL question (tables: docs/architecture.md)."""
+    """Ask the case database one read-only SQL question.
+
+    The tables and their columns are described in docs/architecture.md.
+    """
     from forensics.case import load_case
     from forensics.db import query_case
 
