@@ -99,13 +99,13 @@ def utc(value: datetime | None) -> str:
     return value.astimezone(UTC).isoformat().removesuffix("+00:00") + "Z"
 
 
-def not_logged(value: Any, fmt: str = "{:,}") -> str:
-    """A value as shown to a responder: "not logged" where the evidence has none.
-
-    >>> not_logged(None), not_logged(1234), not_logged("x", "{}")
-    ('not logged', '1,234', 'x')
-    """
-    return "not logged" if value is None else fmt.format(value)
+def shown(path: Path) -> str:
+    """A path as short as it can be and still be used from here: relative to the current
+    folder when it lies inside it, else as given."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        return str(path)
 
 
 @dataclass(frozen=True)

@@ -145,7 +145,7 @@ def test_explain_tells_one_story_that_agrees_with_itself(case_dir):
     # The decode leg's numbers and the token_mismatch sentence are the same numbers.
     decode = next(line for line in lines if line.startswith("  decode on "))
     node, reserved, received = re.match(
-        r"  decode on (\S+) rank \d+: input [\d,]+ tokens, reserved ([\d,]+), received ([\d,]+);",
+        r"  decode on (\S+) rank \d+: input [\d,]+ tokens, reserved ([\d,]+), received ([\d,]+)$",
         decode,
     ).groups()
     assert (

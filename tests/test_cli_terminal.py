@@ -177,7 +177,7 @@ def test_explain_shows_tenant_ids_and_node_names_as_they_are(hostile):
     assert result.exit_code == 0, result.output
     out = result.output
     assert out.startswith("Request v (tenant [red]12): confirmed\n")
-    assert "decode on [/]d0: input 700,000 tokens, reserved 700,000, received 1;" in out
+    assert "  decode on [/]d0: input 700,000 tokens, reserved 700,000, received 1\n" in out
     assert "  s of [[evidence]]: " in out and "temporal (low)" in out
     explained = invoke(["explain", str(folder), "e"])
     assert "Request e (tenant evil\\x1b[2J): not affected" in explained.output

@@ -161,8 +161,10 @@ def _legs(console: Console, e: Explanation) -> None:
         moved = "sent" if leg["role"] == "prefill" else "received"
         console.print(
             f"  {leg['role']} on {where}: input {_n(leg['input_tokens'], 'token')}, reserved "
-            f"{_n(leg['reserved_tokens'])}, {moved} {_n(leg['transferred_tokens'])}; "
-            f"started {utc(leg['started_at'])} ({_at(leg['evidence_path'], leg['source_row'])})"
+            f"{_n(leg['reserved_tokens'])}, {moved} {_n(leg['transferred_tokens'])}"
+        )
+        console.print(
+            f"    started {utc(leg['started_at'])}, {_at(leg['evidence_path'], leg['source_row'])}"
         )
         if leg.get("error"):
             console.print(f"    error: {leg['error']}")

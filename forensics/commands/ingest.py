@@ -144,10 +144,10 @@ def _ingest(
 
 
 def _summary(console: Console, result: IngestResult, where: Path) -> None:
-    from forensics.terminal import Col, Grid, plural, styled
+    from forensics.terminal import Col, Grid, plural, shown, styled
 
     grid = Grid(
-        f"Evidence loaded into {where}",
+        f"Evidence loaded into {shown(where)}",
         [
             Col("file"),
             Col("kind"),
@@ -306,15 +306,15 @@ def _when(value) -> str:
 
 
 def _print_status(console: Console, report: StatusReport, where: Path) -> None:
-    from forensics.terminal import Col, Grid, styled
+    from forensics.terminal import Col, Grid, shown, styled
 
     if not report.files:
-        console.print(f"No evidence loaded in {where} yet.")
+        console.print(f"No evidence loaded in {shown(where)} yet.")
         _print_problems(console, report)
         return
     # One format for every file (the usual case) is said once, in the title.
     formats = sorted({f.format for f in report.files})
-    title = f"Evidence in {where}" + (f" (format {formats[0]})" if len(formats) == 1 else "")
+    title = f"Evidence in {shown(where)}" + (f" (format {formats[0]})" if len(formats) == 1 else "")
     columns = [Col("path"), Col("kind")]
     columns += [Col("format")] if len(formats) > 1 else []
     columns += [

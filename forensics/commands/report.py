@@ -69,7 +69,7 @@ def check_out(out: Path | None) -> None:
 
 
 def _print_result(console: Console, result: ReportResult) -> None:
-    from forensics.terminal import plural, styled
+    from forensics.terminal import plural, shown, styled
 
     s = result.summary
     if s.get("basis_headline"):
@@ -93,7 +93,7 @@ def _print_result(console: Console, result: ReportResult) -> None:
 
 def _written(result: ReportResult) -> str:
     """What was written, in one line: names within the output folder, the notices counted."""
-    from forensics.terminal import plural
+    from forensics.terminal import plural, shown
 
     notices = set(result.notices)
     names: list[str] = []
@@ -114,15 +114,6 @@ def _written(result: ReportResult) -> str:
         each = "each with a CSV of its requests" if letters > 1 else "with a CSV of its requests"
         names.insert(-1, f"notices/ ({plural(letters, 'notice')}, {each})")
     return f"Wrote {len(result.files):,} files to {shown(result.out_dir)}/: {', '.join(names)}"
-
-
-def shown(path: Path) -> str:
-    """A path as short as it can be and still be used from here: relative to the current
-    folder when it lies inside it, else absolute."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
 
 
 def _print_warnings(console: Console, warnings: list[str]) -> None:
