@@ -100,6 +100,11 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as exc:  # noqa: BLE001 - last line of defence: no traceback for users
             if _state["debug"]:
                 raise
+            if isinstance(exc, RuntimeError) and str(exc).startswith("Query interrupted"):
+                # Ctrl-C while DuckDB runs a query reaches Python as this, not as
+                # KeyboardInterrupt: it is the user stopping the command, not an error.
+                typer.secho("Interrupted.", err=True, fg="red")
+                raise typer.Exit(130) from None
             duckdb = sys.modules.get("duckdb")
             if duckdb is not None and isinstance(exc, duckdb.OutOfMemoryException):
                 from forensics.db import memory_error

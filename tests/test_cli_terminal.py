@@ -306,3 +306,17 @@ def test_simulate_lists_its_formats_on_a_bad_one(tmp_path):
     assert result.exit_code == 2
     assert "'sglang' is not one of 'canonical'" in result.output
     assert not (tmp_path / "sim").exists()
+
+
+def test_ctrl_c_during_a_query_is_an_interruption_not_an_error(hostile, monkeypatch):
+    import forensics.db
+
+    def interrupted(*args, **kwargs):
+        # What DuckDB raises when SIGINT arrives while it runs a query.
+        raise RuntimeError("Query interrupted")
+
+    monkeypatch.setattr(forensics.db, "query_case", interrupted)
+    folder, _ = hostile
+    result = invoke(["sql", str(folder), "SELECT 1"])
+    assert result.exit_code == 130
+    assert result.output == "Interrupted.\n"
