@@ -193,6 +193,8 @@ def test_sql_shows_values_as_they_are(hostile):
     lines = result.output.splitlines()
     assert [line.split()[0] for line in lines[1:]] == ["[[evidence]]", "[red]12", "evil\\x1b[2J"]
     assert all(line.split()[1] == "NULL" for line in lines[1:])
+    empty = invoke(["sql", str(folder), "SELECT tenant_id FROM requests WHERE false"])
+    assert empty.output.splitlines() == ["tenant_id", "No rows."]
 
 
 def test_status_json_is_the_library_account(hostile):
