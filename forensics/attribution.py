@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     import duckdb
     import numpy as np
 
+    from forensics.detect import StepProgress
+
 SQL_DIR = Path(__file__).resolve().parent / "sql"
 
 
@@ -147,13 +149,18 @@ def stale_read(
     return found
 
 
-def attribute(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) -> AttributionResult:
+def attribute(
+    con: duckdb.DuckDBPyConnection,
+    params: dict[str, Any],
+    progress: StepProgress | None = None,
+) -> AttributionResult:
     """Fill findings_exposures and findings_attribution for every notified affected response.
 
     Each decode rank gets the best page-level method its evidence allows. Temporal candidates
     are added only where that method cannot account for what a victim read: no page-level
     method for the rank, or a replay that had drifted from the logs by the time the victim
-    took its pages. A drifted replay's own exposures drop one confidence step.
+    took its pages. A drifted replay's own exposures drop one confidence step. ``progress``
+    is told of each decode rank before its sources are worked out.
     """
     from forensics.detect import run_sql_file
     from forensics.schema import FINDINGS_DDL
@@ -194,8 +201,12 @@ def attribute(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) -> Attribu
     rows: list[tuple] = []
     temporal_victims: list[str] = []  # no page-level method: every candidate tier
     drifted_victims: list[str] = []  # a replay that drifted: recent releases only
-    for (node, rank), members in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1] or -1)):
+    ordered = sorted(groups.items(), key=lambda g: (g[0][0], g[0][1] or -1))
+    for done, ((node, rank), members) in enumerate(ordered):
         method, why = _choose_method(con, node, rank, members)
+        if progress:
+            where = node if rank is None else f"{node} rank {rank}"
+            progress(f"Attribution: {_DOING[method]} {where}", done, len(ordered))
         if method == "temporal":
             temporal_victims += [m[0] for m in members]
             if why:
@@ -264,6 +275,13 @@ def _choose_method(con, node: str, rank, members: list) -> tuple[str, str | None
         return "temporal", "no dp_rank recorded and the node has several ranks"
     return "allocator_replay", None
 
+
+# What attribution is doing on a decode rank, by method (for progress).
+_DOING = {
+    "allocation_log": "reading the allocation log of",
+    "allocator_replay": "replaying",
+    "temporal": "temporal candidates on",
+}
 
 _GROUP = "node = $node AND (dp_rank = $rank OR ($rank IS NULL AND dp_rank IS NULL))"
 

@@ -23,6 +23,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain help: flags read as flags (no type after them), choices are listed, and help
+    # text that names a manifest table such as [database] is not taken for console markup.
+    rich_markup_mode=None,
 )
 
 _state = {"debug": False}
@@ -63,9 +66,14 @@ def check_memory_limit(value: str | None) -> str | None:
         raise typer.BadParameter(str(exc)) from None
 
 
+CASE_ARG = typer.Argument(
+    ..., metavar="CASE", help="The case folder or its case.toml.", show_default=False
+)
+
 MEMORY_OPT = typer.Option(
     None,
     "--memory-limit",
+    metavar="SIZE",
     callback=check_memory_limit,
     help="Cap DuckDB's memory, e.g. 1GB (default: the manifest's [database].memory_limit); "
     "beyond it work spills to <database>.tmp/.",
@@ -84,7 +92,7 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except ForensicsError as exc:
             if _state["debug"]:
                 raise
-            typer.secho(f"Error: {exc}", err=True, fg="red")
+            error(str(exc))
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
             typer.secho("Interrupted.", err=True, fg="red")
@@ -92,6 +100,11 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as exc:  # noqa: BLE001 - last line of defence: no traceback for users
             if _state["debug"]:
                 raise
+            if isinstance(exc, RuntimeError) and str(exc).startswith("Query interrupted"):
+                # Ctrl-C while DuckDB runs a query reaches Python as this, not as
+                # KeyboardInterrupt: it is the user stopping the command, not an error.
+                typer.secho("Interrupted.", err=True, fg="red")
+                raise typer.Exit(130) from None
             duckdb = sys.modules.get("duckdb")
             if duckdb is not None and isinstance(exc, duckdb.OutOfMemoryException):
                 from forensics.db import memory_error
@@ -102,10 +115,18 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
                 lines = str(exc).strip().splitlines()
                 message = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
                 message += " (run with --debug for details)"
-            typer.secho(f"Error: {message}", err=True, fg="red")
+            error(message)
             raise typer.Exit(1) from None
 
     return wrapper
+
+
+def error(message: str) -> None:
+    """One red ``Error:`` line on stderr; what the evidence put in the message is shown, never
+    obeyed (a newline or an escape sequence in a file name stays visible and harmless)."""
+    from forensics.terminal import clean
+
+    typer.secho(f"Error: {clean(message)}", err=True, fg="red")
 
 
 def main() -> None:
@@ -123,6 +144,14 @@ def _register_commands() -> None:
 
     for mod in sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)):
         importlib.import_module(f"forensics.commands.{mod}")
+    # Help lists them in the order a responder uses them: the main job first.
+    order = ("run", "ingest", "status", "detect", "explain", "report", "sql", "simulate")
+
+    def place(command: Any) -> int:
+        name = command.name or command.callback.__name__
+        return order.index(name) if name in order else len(order)
+
+    app.registered_commands.sort(key=place)
 
 
 _register_commands()

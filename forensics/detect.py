@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -26,6 +27,11 @@ if TYPE_CHECKING:
 
 SIGNAL_COLUMNS = ["request_id", "value", "threshold", "detail", "evidence"]
 SQL_DIR = Path(__file__).resolve().parent / "sql"
+
+# progress(what runs now, steps done before it, steps in all): called before each step of a
+# long stage (detection, attribution, the report) so a caller can show where it is. The
+# library never prints.
+StepProgress = Callable[[str, int, int], None]
 
 # Detection parameters that are not a single detector's: they shape verdicts and assessments.
 CASE_PARAMETERS = {
@@ -209,12 +215,19 @@ class DetectSummary:
     affected: int  # confirmed + likely
     exposures: int
     warnings: list[str] = field(default_factory=list)
+    excluded: int = 0  # of the affected: responses to excluded traffic
 
 
 def run_detectors(
-    con: duckdb.DuckDBPyConnection, params: dict[str, Any], detectors: list[Detector] | None = None
+    con: duckdb.DuckDBPyConnection,
+    params: dict[str, Any],
+    detectors: list[Detector] | None = None,
+    progress: StepProgress | None = None,
 ) -> dict[str, int]:
-    """Run every detector, filling findings_signals and findings_detectors; returns hits."""
+    """Run every detector, filling findings_signals and findings_detectors; returns hits.
+
+    ``progress`` is told of each detector before it runs.
+    """
     from forensics.schema import FINDINGS_DDL
 
     detectors = detectors if detectors is not None else load_detectors()
@@ -222,6 +235,8 @@ def run_detectors(
     con.execute(FINDINGS_DDL["findings_detectors"])
     hits: dict[str, int] = {}
     for ordinal, det in enumerate(detectors):
+        if progress:
+            progress(f"Detector {det.id}", ordinal, len(detectors))
         result = run_detector(con, det, params)  # noqa: F841 - read by the SQL below
         con.execute(
             """INSERT INTO findings_signals
@@ -255,28 +270,41 @@ def assign_verdicts(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) -> d
     return {"confirmed": 0, "likely": 0, "possible": 0} | dict(rows)
 
 
-def detect_case(con: duckdb.DuckDBPyConnection, case: Case) -> DetectSummary:
+def detect_case(
+    con: duckdb.DuckDBPyConnection, case: Case, progress: StepProgress | None = None
+) -> DetectSummary:
     """Run detection end to end on a loaded case and (re)write every findings table.
 
     Signals and verdicts, exclusion marks, source attribution, the exploitation assessment and
     log coverage. Findings are replaced whole, so they always match the evidence loaded now.
+    ``progress`` is told of each step (each detector, each decode rank attribution replays).
     """
     from forensics import attribution, basis, coverage, exclusions, exploitation
     from forensics.schema import FINDINGS_DDL
+    from forensics.verdicts import NOTIFIED_VERDICTS, sql_list
+
+    def step(what: str, done: int = 0, total: int = 0) -> None:
+        if progress:
+            progress(what, done, total)
 
     for ddl in FINDINGS_DDL.values():
         con.execute(ddl)
     params = case_parameters(case)
+    step("Preparing the working views")
     prepare(con, params, model=case.model, start=case.start, end=case.end)
     warnings = evidence_warnings(con, params)
-    hits = run_detectors(con, params)
+    hits = run_detectors(con, params, progress=progress)
+    step("Verdicts and exclusions")
     verdicts = assign_verdicts(con, params)
     exclusions.mark_exclusions(con, case.exclusions)
-    attributed = attribution.attribute(con, params)
+    attributed = attribution.attribute(con, params, progress=progress)
     warnings += attributed.warnings
+    step("Evidence basis", 0, 3)
     evidence = basis.evidence_basis(con)
     basis.record_basis(con, evidence)
+    step("Exploitation assessment", 1, 3)
     exploitation.assess(con, params, evidence)
+    step("Log coverage", 2, 3)
     coverage.assess(con, params)
     for code, message in warnings:
         con.execute("INSERT INTO findings_warnings VALUES ($c, $m)", {"c": code, "m": message})
@@ -300,6 +328,10 @@ def detect_case(con: duckdb.DuckDBPyConnection, case: Case) -> DetectSummary:
         affected=verdicts["confirmed"] + verdicts["likely"],
         exposures=con.execute("SELECT count(*) FROM findings_exposures").fetchone()[0],
         warnings=[m for _, m in warnings],
+        excluded=con.execute(
+            "SELECT count(*) FROM findings_affected WHERE excluded_by IS NOT NULL"
+            f" AND verdict IN {sql_list(NOTIFIED_VERDICTS)}"
+        ).fetchone()[0],
     )
 
 

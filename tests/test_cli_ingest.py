@@ -29,9 +29,12 @@ def test_ingest_case_then_status(tiny_case_dir):
     assert "requests.jsonl" in result.output and "engine_legs.jsonl" in result.output
     assert "4 loaded, 0 already loaded, 0 failed; rows read 99, loaded 99" in result.output
 
-    again = runner.invoke(app, ["ingest", manifest])
-    assert again.exit_code == 0
-    assert "0 loaded, 4 already loaded" in again.output
+    # The case folder stands for its case.toml; a second ingest says why nothing was read.
+    again = runner.invoke(app, ["ingest", str(tiny_case_dir)])
+    assert again.exit_code == 0, again.output
+    assert "0 loaded, 4 already loaded (same sha256, skipped), 0 failed; no new rows" in (
+        again.output
+    )
 
     status = runner.invoke(app, ["status", manifest])
     assert status.exit_code == 0, status.output
@@ -87,9 +90,14 @@ def test_usage_errors_exit_2(tmp_path):
     assert runner.invoke(app, bad_format).exit_code == 2
     case_with_kind = ["ingest", str(tmp_path / "case.toml"), "--kind", "requests"]
     assert runner.invoke(app, case_with_kind).exit_code == 2
+    # An evidence file where the database goes (DuckDB would open it as a view of itself).
+    swapped = runner.invoke(app, ["ingest", str(data), str(data), "--kind", "requests"])
+    assert swapped.exit_code == 2
+    assert f"{data} is not a case database (an evidence file?" in swapped.output
+    assert data.read_text() == ROW % (0, 1)
 
 
-def test_unsupported_format_exits_1_with_a_clear_message(tmp_path):
+def test_an_unsupported_format_is_a_usage_error_listing_the_supported_ones(tmp_path):
     data = _jsonl(tmp_path / "r.jsonl", [1])
     args = [
         "ingest",
@@ -101,8 +109,9 @@ def test_unsupported_format_exits_1_with_a_clear_message(tmp_path):
         "sglang",
     ]
     result = runner.invoke(app, args)
-    assert result.exit_code == 1
-    assert "format 'sglang' is not supported yet" in result.output
+    assert result.exit_code == 2
+    assert "'sglang' is not one of 'canonical', 'auto'" in result.output
+    assert not (tmp_path / "c.duckdb").exists()
 
 
 def test_status_without_a_database_exits_1(tmp_path):

@@ -591,7 +591,9 @@ def test_run_end_to_end_on_the_tiny_case(tmp_path):
     runner = CliRunner(env={"COLUMNS": "100"})
     first = runner.invoke(app, ["run", str(manifest)])
     assert first.exit_code == 0, first.output
+    assert "Ingest: 4 files loaded: rows read 99, loaded 99, rejected 0." in first.output
     out = tmp_path / "case" / "report"
+    assert f"Report: {out / 'report.html'}" in first.output.splitlines()  # not under the cwd
     for name in OUTPUT_FILES:
         assert (out / name).is_file(), name
     _, affected = read_csv(out / "affected_responses.csv")
@@ -622,6 +624,9 @@ def test_run_end_to_end_on_the_tiny_case(tmp_path):
     # Running again (evidence already loaded, detection re-run) gives the same bytes.
     second = runner.invoke(app, ["run", str(manifest), "--out", str(tmp_path / "again")])
     assert second.exit_code == 0, second.output
+    assert second.output.startswith(
+        "Ingest: nothing new: 4 files already loaded (same sha256), skipped.\n"
+    )
     for path in out.rglob("*"):
         if path.is_file():
             assert path.read_bytes() == (tmp_path / "again" / path.relative_to(out)).read_bytes()

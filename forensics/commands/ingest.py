@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from forensics.cli import MEMORY_OPT, app, handle_errors
+from forensics.cli import CASE_ARG, MEMORY_OPT, app, error, handle_errors
+from forensics.ingest import SUPPORTED_FORMATS
 from forensics.schema import KINDS
 
 if TYPE_CHECKING:
@@ -17,42 +18,86 @@ if TYPE_CHECKING:
     from forensics.ingest import IngestResult, StatusReport
 
 Kind = StrEnum("Kind", {k: k for k in KINDS})
+# The formats ingest reads today (the manifest also names adapters still to come): anything
+# else is a usage error that lists these.
+Format = StrEnum("Format", {f: f for f in SUPPORTED_FORMATS})
 
-# Files smaller than this load too fast for a progress bar to help.
-_BAR_BYTES = 8 << 20
+
+def is_case(target: str) -> bool:
+    """A case folder or a manifest (the manifest form), not a database (the file form)."""
+    return target.endswith(".toml") or Path(target).is_dir()
+
+
+def is_database(path: Path) -> bool:
+    """Whether an existing file is a DuckDB database (its header says DUCK at byte 8).
+
+    DuckDB opens some other files too (a JSON Lines file, as a read-only view of itself), so
+    an evidence file given where the database goes would "load" into nothing.
+    """
+    try:
+        with path.open("rb") as fh:
+            return fh.read(12)[8:12] == b"DUCK"
+    except OSError:
+        return False
 
 
 @app.command()
 def ingest(
-    target: str = typer.Argument(..., help="CASE.toml, or the case database for the file form."),
-    files: list[str] = typer.Argument(None, help="Evidence files or globs (file form only)."),
-    kind: Kind | None = typer.Option(None, "--kind", help="Evidence kind of FILE... (file form)."),
-    fmt: str = typer.Option("canonical", "--format", help="Evidence format (file form)."),
+    target: str = typer.Argument(
+        ...,
+        metavar="CASE|DB",
+        help="The case folder or its case.toml; or, to load files by name, the case database.",
+        show_default=False,
+    ),
+    files: list[str] = typer.Argument(
+        None,
+        metavar="FILE",
+        help="Evidence files or globs (with a database only).",
+        show_default=False,
+    ),
+    kind: Kind | None = typer.Option(
+        None,
+        "--kind",
+        help="Evidence kind of the files (with a database only).",
+        show_default=False,
+    ),
+    fmt: Format = typer.Option(
+        Format.canonical, "--format", help="Evidence format of the files (with a database only)."
+    ),
     timezone: str = typer.Option(
-        "UTC", "--timezone", help="Zone of timestamps without an offset (file form)."
+        "UTC",
+        "--timezone",
+        metavar="ZONE",
+        help="Zone of timestamps without an offset (with a database only).",
     ),
     memory_limit: str | None = MEMORY_OPT,
 ) -> None:
-    """Load evidence: `ingest CASE.toml`, or `ingest DB FILE... --kind KIND [--format F]`."""
-    from forensics.case import FORMATS
+    """Load a case's evidence, or files by name into a database.
 
-    if target.endswith(".toml"):
+    `forensics ingest CASE` loads what the manifest lists; `forensics ingest DB FILE...
+    --kind KIND` loads files of one kind into a case database.
+    """
+    if is_case(target):
         if files or kind is not None:
             raise typer.BadParameter(
-                "with a CASE.toml, files and --kind come from its [[evidence]] entries"
+                "with a case, files and --kind come from its [[evidence]] entries",
+                param_hint="FILE",
             )
     else:
         if not files:
             raise typer.BadParameter(
-                "give CASE.toml, or a database followed by evidence files", param_hint="FILE..."
+                "give a case folder or case.toml, or a database followed by evidence files",
+                param_hint="FILE",
             )
         if kind is None:
-            raise typer.BadParameter("the file form needs --kind", param_hint="--kind")
-        if fmt not in FORMATS:
+            raise typer.BadParameter("loading files by name needs --kind", param_hint="--kind")
+        if Path(target).is_file() and not is_database(Path(target)):
             raise typer.BadParameter(
-                f"{fmt!r} is not one of {', '.join(FORMATS)}", param_hint="--format"
+                f"{target} is not a case database (an evidence file? the database comes first: "
+                "`forensics ingest DB FILE... --kind KIND`)",
+                param_hint="CASE|DB",
             )
-    _ingest(target, files or [], kind.value if kind else None, fmt, timezone, memory_limit)
+    _ingest(target, files or [], kind.value if kind else None, fmt.value, timezone, memory_limit)
 
 
 @handle_errors
@@ -64,121 +109,82 @@ def _ingest(
     timezone: str,
     memory_limit: str | None = None,
 ) -> None:
-    from rich.console import Console
-
+    from forensics.case import Evidence, load_case
+    from forensics.errors import ForensicsError
     from forensics.ingest import ingest_case, ingest_paths
+    from forensics.terminal import Steps, make_console
 
-    console = Console(stderr=True)
-    with _Bar(console) as progress:
-        if kind is None:
-            from forensics.case import load_case
+    if kind is None:
+        case = load_case(target)
+        if memory_limit is not None:
+            from dataclasses import replace
 
-            case = load_case(target)
-            if memory_limit is not None:
-                from dataclasses import replace
-
-                case = replace(case, memory_limit=memory_limit)
-            result = ingest_case(case, progress=progress)
-            where = case.database
-        else:
+            case = replace(case, memory_limit=memory_limit)
+        count = sum(len(entry.files()) for entry in case.evidence)
+        with Steps(make_console(stderr=True), files=count) as steps:
+            result = ingest_case(case, progress=steps.file)
+        where = case.database
+    else:
+        where = Path(target)
+        # A mistyped path must not become a tree of new folders holding a new database.
+        if not where.parent.is_dir():
+            raise ForensicsError(f"{where}: no folder {where.parent} to create the database in")
+        found = [f for p in files for f in Evidence(kind=kind, format=fmt, paths=(p,)).files()]
+        with Steps(make_console(stderr=True), files=len(dict.fromkeys(found))) as steps:
             result = ingest_paths(
-                target, files, kind, fmt, timezone, progress=progress, memory_limit=memory_limit
+                target, files, kind, fmt, timezone, progress=steps.file, memory_limit=memory_limit
             )
-            where = Path(target)
-    _summary(Console(width=max(Console().width, 120)), result, where)
+    _summary(make_console(), result, where)
     # Everything else has loaded by now; evidence that did not load whole is an error.
     problems = result.problems
     for line in problems:
-        typer.secho(f"Error: {line}", err=True, fg="red")
+        error(line)
     if problems:
         raise typer.Exit(1)
 
 
-class _Bar:
-    """A rich progress bar that appears only for files large enough to need one."""
-
-    def __init__(self, console: Console):
-        from rich.progress import (
-            BarColumn,
-            DownloadColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-        )
-
-        self.progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            DownloadColumn(),
-            TimeRemainingColumn(),
-            console=console,
-            transient=True,
-            # Only on a terminal: in a log or a pipe a bar is noise, and an error must stay
-            # the one line the command prints.
-            disable=not console.is_terminal,
-        )
-        self.tasks: dict[str, int] = {}
-        self.started = False
-
-    def __enter__(self) -> _Bar:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.started:
-            self.progress.__exit__(*exc)
-
-    def __call__(self, label: str, done: int, total: int) -> None:
-        if total < _BAR_BYTES:
-            return
-        if not self.started:
-            # Started with the first bar: an idle display still writes a line.
-            self.progress.__enter__()
-            self.started = True
-        if label not in self.tasks:
-            self.tasks[label] = self.progress.add_task(Path(label).name, total=total)
-        self.progress.update(self.tasks[label], completed=done)
-
-
-def plural(count: int, word: str) -> str:
-    """``count`` and the noun in the right number: ``1 pattern``, ``2 patterns``."""
-    return f"{count:,} {word if count == 1 else word + 's'}"
-
-
 def _summary(console: Console, result: IngestResult, where: Path) -> None:
-    from rich.markup import escape
-    from rich.table import Table
+    from forensics.terminal import Col, Grid, plural, shown, styled
 
-    table = Table(title=f"Evidence loaded into {where}", title_justify="left")
-    table.add_column("file", overflow="fold")
-    table.add_column("kind")
-    for name in ("read", "loaded", "rejected"):
-        table.add_column(name, justify="right")
-    table.add_column("status")
+    grid = Grid(
+        f"Evidence loaded into {shown(where)}",
+        [
+            Col("file"),
+            Col("kind"),
+            Col("read", right=True),
+            Col("loaded", right=True),
+            Col("rejected", right=True),
+            Col("status"),
+        ],
+    )
     for f in result.files:
-        status = "already loaded" if f.skipped else "loaded"
+        status = styled("already loaded" if f.skipped else "loaded")
         if f.rows_rejected and not f.skipped:
-            status = "loaded, with rejects"
+            status = styled("loaded, with rejects")
         if f.outcome == "partial":
-            status = "[red]PARTIAL[/red]" + (" (already loaded)" if f.skipped else "")
-        table.add_row(
-            f.path, f.kind, f"{f.rows_read:,}", f"{f.rows_loaded:,}", f"{f.rows_rejected:,}", status
-        )
+            status = styled(("PARTIAL", "red"), " (already loaded)" if f.skipped else "")
+        counts = (f"{f.rows_read:,}", f"{f.rows_loaded:,}", f"{f.rows_rejected:,}")
+        grid.add_row(f.path, f.kind, *counts, status)
     for failure in result.failures:
-        status = "[red]NO FILE[/red]" if failure.outcome == "missing" else "[red]FAILED[/red]"
-        # A pattern such as logs/[0-9]*.jsonl is text, not console markup.
-        table.add_row(escape(failure.path), failure.kind, "-", "-", "-", status)
-    console.print(table)
+        status = "NO FILE" if failure.outcome == "missing" else "FAILED"
+        grid.add_row(failure.path, failure.kind, "-", "-", "-", styled((status, "red")))
+    grid.print(console)
     # Problems are named only when there are some, so a clean ingest reads as it always has.
     more = ""
     if result.files_partial:
         more += f", {result.files_partial} partial"
     if result.patterns_missing:
         more += f", {plural(result.patterns_missing, 'pattern')} matching no file"
+    skipped = " (same sha256, skipped)" if result.files_skipped else ""
+    rows = (
+        f"rows read {result.rows_read:,}, loaded {result.rows_loaded:,}, "
+        f"rejected {result.rows_rejected:,}"
+        if result.files_loaded
+        else "no new rows"
+    )
     console.print(
-        f"{result.files_loaded} loaded, {result.files_skipped} already loaded, "
-        f"{result.files_failed} failed{more}; rows read {result.rows_read:,}, "
-        f"loaded {result.rows_loaded:,}, rejected {result.rows_rejected:,}",
-        highlight=False,
+        f"{result.files_loaded} loaded, {result.files_skipped} already loaded{skipped}, "
+        f"{result.files_failed} failed{more}; {rows}"
     )
     if result.duplicates or result.conflicts:
         # Rejected, never loaded twice; said here because a repeated event is a finding itself.
@@ -186,15 +192,12 @@ def _summary(console: Console, result: IngestResult, where: Path) -> None:
             f"Duplicates rejected: {plural(result.duplicates, 'exact duplicate')} of rows "
             f"already loaded (the same event in overlapping files), "
             f"{plural(result.conflicts, 'conflicting duplicate')} (an event already loaded, "
-            "with different content: a retry logged twice, a replayed or edited log).",
-            highlight=False,
+            "with different content: a retry logged twice, a replayed or edited log)."
         )
     for f in result.files:
         for sha in f.replaced:
             console.print(
-                f"{f.path}: loaded whole; replaces its earlier partial load (sha256 {sha[:12]})",
-                highlight=False,
-                markup=False,
+                f"{f.path}: loaded whole; replaces its earlier partial load (sha256 {sha[:12]})"
             )
     if result.rows_rejected:
         console.print("Rejected rows are in the rejects table: see `forensics status`.")
@@ -202,14 +205,22 @@ def _summary(console: Console, result: IngestResult, where: Path) -> None:
 
 @app.command()
 @handle_errors
-def status(case_path: Path = typer.Argument(..., help="The case manifest (case.toml).")) -> None:
-    """Show the evidence loaded: files, sha256, rows, rejects, time span."""
-    from rich.console import Console
+def status(
+    case_path: Path = CASE_ARG,
+    as_json: bool = typer.Option(
+        False, "--json", help="Print JSON for scripts (the shape is in the README)."
+    ),
+) -> None:
+    """Show the evidence loaded: files, rows, rejects, time span.
 
+    Each file with its sha256, rows and rejects, what did not load whole, the time each kind
+    of evidence spans and the rejected rows by reason.
+    """
     from forensics.case import load_case
     from forensics.db import connect
     from forensics.errors import ForensicsError
     from forensics.ingest import evidence_status
+    from forensics.terminal import make_console
 
     case = load_case(case_path)
     if not case.database.exists():
@@ -221,7 +232,73 @@ def status(case_path: Path = typer.Argument(..., help="The case manifest (case.t
         report = evidence_status(con)
     finally:
         con.close()
-    _print_status(Console(width=max(Console().width, 140)), report, case.database)
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(status_json(report, case.database), indent=2))
+        return
+    _print_status(make_console(), report, case.database)
+
+
+def status_json(report: StatusReport, where: Path) -> dict[str, Any]:
+    """``forensics status --json``: every key always present, null where a value is unknown or
+    does not apply, timestamps RFC 3339 in UTC. The evidence list is
+    :func:`forensics.status.evidence_outcomes`, in its order."""
+    from forensics.report.data import iso
+
+    def when(value) -> str | None:
+        return iso(value) or None
+
+    return {
+        "database": str(where),
+        "complete": not report.problems,
+        "evidence": [
+            {
+                "path": o.path,
+                "kind": o.kind,
+                "format": o.format,
+                "outcome": o.outcome,
+                "reason": o.reason,
+                "rows_lost": o.rows_lost,
+                "sha256": o.sha256,
+                "bytes": o.bytes,
+                "rows_read": o.rows_read,
+                "rows_loaded": o.rows_loaded,
+                "rows_rejected": o.rows_rejected,
+                "first_at": when(o.first_at),
+                "last_at": when(o.last_at),
+                "entry": o.entry,
+            }
+            for o in report.outcomes
+        ],
+        "totals": {
+            "files": len(report.files),
+            "bytes": report.bytes,
+            "rows_read": report.rows_read,
+            "rows_loaded": report.rows_loaded,
+            "rows_rejected": report.rows_rejected,
+        },
+        "spans": [
+            {
+                "kind": s.kind,
+                "files": s.files,
+                "rows": s.rows,
+                "first_at": when(s.first_at),
+                "last_at": when(s.last_at),
+            }
+            for s in report.spans
+        ],
+        "rejects": [
+            {
+                "kind": r.kind,
+                "column": r.column,
+                "reason": r.reason,
+                "rows": r.rows,
+                "example": r.example,
+            }
+            for r in report.rejects
+        ],
+    }
 
 
 def _when(value) -> str:
@@ -229,82 +306,97 @@ def _when(value) -> str:
 
 
 def _print_status(console: Console, report: StatusReport, where: Path) -> None:
-    from rich.table import Table
+    from forensics.terminal import Col, Grid, shown, styled
 
     if not report.files:
-        console.print(f"No evidence loaded in {where} yet.")
+        console.print(f"No evidence loaded in {shown(where)} yet.")
         _print_problems(console, report)
         return
-    files = Table(title=f"Evidence in {where}", title_justify="left")
-    # Paths are what a responder copies: give them room before the other columns.
-    widest = max(len(f.path) for f in report.files)
-    files.add_column("path", overflow="fold", min_width=min(widest, 36))
-    for name in ("kind", "format", "sha256"):
-        files.add_column(name, overflow="fold")
-    for name in ("rows", "rejects"):
-        files.add_column(name, justify="right")
-    files.add_column("first (UTC)")
-    files.add_column("last (UTC)")
-    files.add_column("outcome")
+    # One format for every file (the usual case) is said once, in the title.
+    formats = sorted({f.format for f in report.files})
+    title = f"Evidence in {shown(where)}" + (f" (format {formats[0]})" if len(formats) == 1 else "")
+    columns = [Col("path"), Col("kind")]
+    columns += [Col("format")] if len(formats) > 1 else []
+    columns += [
+        Col("sha256"),
+        Col("rows", right=True),
+        Col("rejects", right=True),
+        Col("first (UTC)", wrap=True),
+        Col("last (UTC)", wrap=True),
+        Col("outcome"),
+    ]
+    files = Grid(title, columns)
     for f in report.files:
-        files.add_row(
-            f.path,
-            f.kind,
-            f.format,
+        cells = [f.path, f.kind] + ([f.format] if len(formats) > 1 else [])
+        outcome = styled((f.outcome, "red")) if f.outcome == "partial" else styled(f.outcome)
+        cells += [
             f.sha256[:12],
             f"{f.rows_loaded:,}",
             f"{f.rows_rejected:,}",
             _when(f.first_at),
             _when(f.last_at),
-            "[red]partial[/red]" if f.outcome == "partial" else f.outcome,
-        )
-    console.print(files)
+            outcome,
+        ]
+        files.add_row(*cells)
+    files.print(console)
     console.print(
         f"Total: {len(report.files)} files, {report.bytes:,} bytes, rows read "
-        f"{report.rows_read:,}, loaded {report.rows_loaded:,}, rejected {report.rows_rejected:,}",
-        highlight=False,
+        f"{report.rows_read:,}, loaded {report.rows_loaded:,}, rejected {report.rows_rejected:,}"
     )
     _print_problems(console, report)
-    spans = Table(title="Time span per kind", title_justify="left")
-    for name in ("kind", "files", "rows", "first (UTC)", "last (UTC)"):
-        spans.add_column(name, justify="right" if name in ("files", "rows") else "left")
+    spans = Grid(
+        "Time span per kind",
+        [
+            Col("kind"),
+            Col("files", right=True),
+            Col("rows", right=True),
+            Col("first (UTC)", wrap=True),
+            Col("last (UTC)", wrap=True),
+        ],
+    )
     for s in report.spans:
         spans.add_row(s.kind, str(s.files), f"{s.rows:,}", _when(s.first_at), _when(s.last_at))
-    console.print(spans)
+    spans.print(console)
     if not report.rejects:
         console.print("No rejected rows.")
         return
-    rejects = Table(title="Rejected rows by reason", title_justify="left")
-    for name in ("kind", "column", "reason", "rows", "first example"):
-        rejects.add_column(name, justify="right" if name == "rows" else "left", overflow="fold")
+    rejects = Grid(
+        "Rejected rows by reason",
+        [
+            Col("kind"),
+            Col("column"),
+            Col("reason", wrap=True),
+            Col("rows", right=True),
+            Col("first example", wrap=True),
+        ],
+    )
     for r in report.rejects:
         rejects.add_row(r.kind, r.column or "-", r.reason, f"{r.rows:,}", r.example)
-    console.print(rejects)
+    rejects.print(console)
 
 
 def _print_problems(console: Console, report: StatusReport) -> None:
     """The evidence that did not load whole: partial files, failed files, empty patterns."""
-    from rich.markup import escape
-    from rich.table import Table
+    from forensics.terminal import Col, Grid, styled
 
     problems = report.problems
     if not problems:
         return
-    table = Table(title="Evidence that did not load whole", title_justify="left")
-    table.add_column("path or pattern", overflow="fold", min_width=24)
-    for name in ("kind", "outcome"):
-        table.add_column(name)
-    table.add_column("rows lost", justify="right")
-    table.add_column("reason", overflow="fold")
+    grid = Grid(
+        "Evidence that did not load whole",
+        [
+            Col("path or pattern"),
+            Col("kind"),
+            Col("outcome"),
+            Col("rows lost", right=True),
+            Col("reason", wrap=True),
+        ],
+    )
     for o in problems:
         lost = "unknown" if o.rows_lost is None else f"{o.rows_lost:,}"
-        # Reasons name [[evidence]] entries and patterns: text, not console markup.
-        table.add_row(
-            escape(o.path), o.kind, f"[red]{o.outcome}[/red]", lost, escape(o.reason or "")
-        )
-    console.print(table)
+        grid.add_row(o.path, o.kind, styled((o.outcome, "red")), lost, o.reason or "")
+    grid.print(console)
     console.print(
         f"The evidence is incomplete: {len(problems)} of the files and patterns above did not "
-        "load whole (`forensics ingest` says why, one line each).",
-        highlight=False,
+        "load whole (`forensics ingest` says why, one line each)."
     )

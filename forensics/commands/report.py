@@ -4,13 +4,26 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from forensics.cli import MEMORY_OPT, app, handle_errors
+from forensics.cli import CASE_ARG, MEMORY_OPT, app, error, handle_errors
 
-CASE_ARG = typer.Argument(..., help="The case manifest (case.toml).")
-OUT_OPT = typer.Option(None, "--out", help="Output folder (default: report/ beside the manifest).")
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from forensics.detect import DetectSummary
+    from forensics.ingest import IngestResult
+    from forensics.report.outputs import ReportResult
+
+OUT_OPT = typer.Option(
+    None,
+    "--out",
+    metavar="DIR",
+    help="Output folder (default: report/ beside the manifest).",
+    show_default=False,
+)
 
 
 def _check_as_of(value: str | None) -> str | None:
@@ -34,43 +47,80 @@ def _as_of(value: str | None) -> datetime | None:
 AS_OF_OPT = typer.Option(
     None,
     "--as-of",
+    metavar="TS",
     callback=_check_as_of,
-    help="Report time, RFC 3339 (default: the manifest's as_of or end).",
+    help="Report time, RFC 3339, e.g. 2026-09-12T00:00:00Z (default: the manifest's as_of, "
+    "else its end).",
 )
 
 
-def _print_result(console, result) -> None:
-    from rich.markup import escape
+def check_out(out: Path | None) -> None:
+    """Stop before any work when ``--out`` cannot become a folder: a file has its name, or the
+    name of one of its parents (the same words as when the report creates it)."""
+    from forensics.errors import ForensicsError
+
+    if out is None:
+        return
+    current = out
+    while not current.exists() and current.parent != current:
+        current = current.parent
+    if current.exists() and not current.is_dir():
+        raise ForensicsError(f"{current}: cannot create the folder (a file has its name)")
+
+
+def _print_result(console: Console, result: ReportResult) -> None:
+    from forensics.terminal import plural, shown, styled
 
     s = result.summary
     if s.get("basis_headline"):
-        console.print(f"[yellow]{escape(s['basis_headline'])}[/yellow]")
+        console.print(styled((s["basis_headline"], "yellow")))
     console.print(
         f"Affected responses: {s['affected']:,} ({s['confirmed']:,} confirmed, "
         f"{s['likely']:,} likely; {s['affected_excluded']:,} to excluded traffic, "
         f"{s['possible']:,} possible to review)"
     )
     console.print(
-        f"Notify: {s['recipients']:,} recipient tenants, {s['sources']:,} source tenants."
-        f"  Review: {s['review']:,} candidate{'' if s['review'] == 1 else 's'} (review.csv)"
+        f"Notify: {plural(s['recipients'], 'recipient tenant')}, "
+        f"{plural(s['sources'], 'source tenant')}.  Review: "
+        f"{plural(s['review'], 'candidate')} (review.csv)"
     )
-    console.print(f"Exploitation: {s['conclusion']}", markup=False)
+    console.print(f"Exploitation: {s['conclusion']}")
     for message in result.messages:
-        console.print(f"[yellow]note:[/yellow] {message}")
-    console.print(f"Wrote {len(result.files)} files to {result.out_dir}:", markup=False)
+        console.print(styled(("note: ", "yellow"), message))
+    console.print(styled("Report: ", (shown(result.out_dir / "report.html"), "bold")))
+    console.print(_written(result))
+
+
+def _written(result: ReportResult) -> str:
+    """What was written, in one line: names within the output folder, the notices counted."""
+    from forensics.terminal import plural, shown
+
     notices = set(result.notices)
+    names: list[str] = []
+    parquet = 0
     for path in result.files:
-        if path not in notices:
-            console.print(f"  {path}", markup=False, highlight=False)
+        if path in notices:
+            continue
+        relative = path.relative_to(result.out_dir)
+        if relative.parent.name == "findings" and path.suffix == ".parquet":
+            parquet += 1
+            continue
+        names.append(relative.as_posix())
+    if parquet:
+        names.insert(-1, f"findings/ ({parquet} Parquet tables)")
     if notices:
-        # One line for the notices: a large incident has hundreds of them.
-        folder = result.notices[0].parent
+        # One entry for the notices: a large incident has hundreds of them.
         letters = sum(1 for p in notices if p.suffix == ".md")
-        console.print(
-            f"  {folder}/ ({letters:,} notices, each with a CSV of its requests)",
-            markup=False,
-            highlight=False,
-        )
+        each = "each with a CSV of its requests" if letters > 1 else "with a CSV of its requests"
+        names.insert(-1, f"notices/ ({plural(letters, 'notice')}, {each})")
+    return f"Wrote {len(result.files):,} files to {shown(result.out_dir)}/: {', '.join(names)}"
+
+
+def _print_warnings(console: Console, warnings: list[str]) -> None:
+    from forensics.terminal import styled
+
+    for warning in warnings:
+        console.print(styled(("warning: ", "yellow"), warning))
 
 
 @app.command()
@@ -82,30 +132,43 @@ def report(
         False, "--redact", help="Replace tenant ids by keyed pseudonyms; notices are skipped."
     ),
     redact_key: str | None = typer.Option(
-        None, "--redact-key", help="Pseudonym key (default: $FORENSICS_REDACT_KEY)."
+        None,
+        "--redact-key",
+        metavar="KEY",
+        help="Pseudonym key (default: $FORENSICS_REDACT_KEY).",
+        show_default=False,
     ),
     as_of: str | None = AS_OF_OPT,
     memory_limit: str | None = MEMORY_OPT,
 ) -> None:
-    """Render the report, CSVs, customer notices and manifest from a case's findings."""
-    from rich.console import Console
-    from rich.text import Text
-
+    """Write the report, CSVs, notices and manifest from the findings."""
     from forensics.db import open_case
     from forensics.report import write_report
+    from forensics.terminal import Steps, make_console, styled
 
     when = _as_of(as_of)
+    check_out(out)
     case, con = open_case(case_path, memory_limit)
-    result = write_report(
-        con, case, out or case.folder / "report", as_of=when, redact=redact, redact_key=redact_key
-    )
-    console = Console()
+    try:
+        with Steps(make_console(stderr=True)) as steps:
+            result = write_report(
+                con,
+                case,
+                out or case.folder / "report",
+                as_of=when,
+                redact=redact,
+                redact_key=redact_key,
+                progress=steps.step,
+            )
+        problems = _evidence_problems(con)
+    finally:
+        con.close()
+    console = make_console()
     _print_result(console, result)
     # The report says so in its summary; the console says it too. (Ingest, where a gap arises,
     # is what exits 1 for it.)
-    for line in _evidence_problems(con):
-        # Assembled as text: a pattern such as [[evidence]] is no console markup.
-        console.print(Text.assemble(("incomplete evidence: ", "yellow"), line), highlight=False)
+    for line in problems:
+        console.print(styled(("incomplete evidence: ", "yellow"), line))
 
 
 def _evidence_problems(con) -> list[str]:
@@ -113,6 +176,40 @@ def _evidence_problems(con) -> list[str]:
     from forensics.ingest import evidence_outcomes
 
     return [o.problem_line for o in evidence_outcomes(con) if o.outcome != "loaded"]
+
+
+def ingest_line(result: IngestResult) -> str:
+    """What an ingest did, in one line: what loaded, what was already there and skipped (same
+    sha256), what did not load whole."""
+    from forensics.terminal import plural
+
+    skipped = "already loaded (same sha256), skipped"
+    if result.files_loaded:
+        text = (
+            f"{plural(result.files_loaded, 'file')} loaded: rows read {result.rows_read:,}, "
+            f"loaded {result.rows_loaded:,}, rejected {result.rows_rejected:,}"
+        )
+        if result.files_skipped:
+            text += f"; {result.files_skipped:,} {skipped}"
+    elif result.files_skipped:
+        text = f"nothing new: {plural(result.files_skipped, 'file')} {skipped}"
+    else:
+        text = "no file loaded"
+    problems = len(result.problems)
+    if problems:
+        text += f"; {problems:,} did not load whole (listed at the end)"
+    return text + "."
+
+
+def detect_line(summary: DetectSummary) -> str:
+    """What detection found, in one line (the report's lines break the responses down)."""
+    from forensics.terminal import plural
+
+    warnings = plural(len(summary.warnings), "warning")
+    return (
+        f"{plural(summary.exposures, 'exposure')} attributed; "
+        f"{warnings}{':' if summary.warnings else '.'}"
+    )
 
 
 @app.command()
@@ -123,65 +220,53 @@ def run(
     as_of: str | None = AS_OF_OPT,
     memory_limit: str | None = MEMORY_OPT,
 ):
-    """Ingest every evidence entry, run detection and write the report outputs."""
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        Progress,
-        SpinnerColumn,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
+    """Ingest, detect and report: the main job."""
     from forensics.case import load_case
     from forensics.db import connect, transaction
     from forensics.detect import detect_case
     from forensics.ingest import ingest_case
     from forensics.report import write_report
-    from forensics.report.render import plural
     from forensics.scope import scope_case
+    from forensics.terminal import Steps, make_console
 
     when = _as_of(as_of)
+    check_out(out)
     case = load_case(case_path)
     if memory_limit is not None:
         from dataclasses import replace
 
         case = replace(case, memory_limit=memory_limit)
-    console = Console()
-    columns = (
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=console, transient=True) as bar:
-        task = bar.add_task("Ingesting evidence", total=None)
-
-        def progress(label: str, done: int, total: int) -> None:
-            bar.update(task, description=f"Ingesting {label}", completed=done, total=total)
-
-        ingested = ingest_case(case, progress=progress)
-        bar.update(task, description="Running detectors", completed=0, total=None)
+    console = make_console()
+    files = sum(len(entry.files()) for entry in case.evidence)
+    with Steps(make_console(stderr=True), files=files) as steps:
+        ingested = ingest_case(case, progress=steps.file)
         con = connect(case.database, memory_limit=case.memory_limit)
-        # Findings and scope are replaced whole or not at all (a kill, an error).
-        with transaction(con):
-            detected = detect_case(con, case)
-            bar.update(task, description="Scoping notifications")
-            scope = scope_case(con, case)
-        bar.update(task, description="Writing the report")
-        result = write_report(con, case, out or case.folder / "report", as_of=when, scope=scope)
-    console.print(
-        f"Ingested {len(ingested.files):,} files ({plural(len(ingested.problems), 'problem')}); "
-        f"detection: {detected.affected:,} affected, {detected.exposures:,} exposures, "
-        f"{len(detected.warnings):,} warnings."
-    )
+        try:
+            # Findings and scope are replaced whole or not at all (a kill, an error).
+            with transaction(con):
+                detected = detect_case(con, case, progress=steps.step)
+                steps.step("Scoping notifications", 0, 0)
+                scope = scope_case(con, case)
+            result = write_report(
+                con,
+                case,
+                out or case.folder / "report",
+                as_of=when,
+                scope=scope,
+                progress=steps.step,
+            )
+            problems = _evidence_problems(con)
+        finally:
+            con.close()
+    console.print(f"Ingest: {ingest_line(ingested)}")
+    if ingested.rows_rejected:
+        console.print("Rejected rows are in the rejects table: see `forensics status`.")
+    console.print(f"Detection: {detect_line(detected)}")
+    _print_warnings(console, detected.warnings)
     _print_result(console, result)
     # Every output is written by now, and the report states what is missing. The same list
     # decides the exit code: a report built on incomplete evidence is not a clean run.
-    problems = _evidence_problems(con)
     for line in problems:
-        typer.secho(f"Error: {line}", err=True, fg="red")
+        error(line)
     if problems:
         raise typer.Exit(1)

@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 
 import typer
 
 from forensics.cli import app, handle_errors
+from forensics.simulate import FORMATS
 
-_FORMATS = ("canonical",)
-
-
-def _check_format(value: str) -> str:
-    # Validated while parsing (not inside the command) so a bad value is a usage error: exit 2.
-    if value not in _FORMATS:
-        raise typer.BadParameter(
-            f"{value!r} is not supported; choose one of: {', '.join(_FORMATS)}"
-        )
-    return value
+# The formats the simulator writes: anything else is a usage error that lists them.
+SimFormat = StrEnum("SimFormat", {f: f for f in FORMATS})
 
 
 def _check_probers(value: str) -> str:
@@ -33,14 +27,16 @@ def _check_probers(value: str) -> str:
 @app.command()
 @handle_errors
 def simulate(
-    out_dir: Path = typer.Argument(..., help="Case folder to write (created if missing)."),
+    out_dir: Path = typer.Argument(
+        ..., metavar="DIR", help="Case folder to write (created if missing).", show_default=False
+    ),
     requests: int = typer.Option(
-        30_000, "--requests", "-n", min=200, help="Client requests to simulate."
+        30_000, "--requests", "-n", metavar="N", min=200, help="Client requests to simulate."
     ),
-    seed: int = typer.Option(0, "--seed", "-s", help="Random seed: same seed, same bytes."),
-    fmt: str = typer.Option(
-        "canonical", "--format", "-f", callback=_check_format, help="Evidence format (canonical)."
+    seed: int = typer.Option(
+        0, "--seed", "-s", metavar="N", help="Random seed: same seed, same bytes."
     ),
+    fmt: SimFormat = typer.Option(SimFormat.canonical, "--format", "-f", help="Evidence format."),
     kv_allocations: bool = typer.Option(
         False,
         "--kv-allocations/--no-kv-allocations",
@@ -49,19 +45,21 @@ def simulate(
     probers: str = typer.Option(
         "",
         "--probers",
+        metavar="LIST",
         callback=_check_probers,
         help="Customer tenants probing the limit on purpose, comma-separated: "
         "binary_search, sweep, repeat, slow (default: none).",
+        show_default=False,
     ),
 ) -> None:
-    """Write a synthetic incident case: case.toml, evidence/ and truth/."""
+    """Write a synthetic case: case.toml, evidence/ and truth/."""
     from forensics.simulate import simulate_case
 
     s = simulate_case(
         out_dir,
         requests=requests,
         seed=seed,
-        fmt=fmt,
+        fmt=fmt.value,
         kv_allocations=kv_allocations,
         probers=probers,
     )
@@ -77,3 +75,4 @@ def simulate(
             "Probers: "
             + ", ".join(f"{name} {count:,} requests" for name, count in s.probers.items())
         )
+    typer.echo(f"Next: forensics run {s.case_path}")

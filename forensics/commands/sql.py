@@ -3,23 +3,30 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
-from forensics.cli import app, handle_errors
+from forensics.cli import CASE_ARG, app, handle_errors
 
 
 @app.command()
 @handle_errors
 def sql(
-    case_path: Path = typer.Argument(..., help="The case folder or its case.toml."),
+    case_path: Path = CASE_ARG,
     query: str = typer.Argument(
-        ..., help='One SQL statement, e.g. "SELECT * FROM findings_review".'
+        ...,
+        metavar="QUERY",
+        help='One SQL statement, e.g. "SELECT * FROM findings_review".',
+        show_default=False,
     ),
     csv_out: bool = typer.Option(False, "--csv", help="Print CSV instead of a table."),
-    limit: int = typer.Option(1000, "--limit", min=1, help="Most rows to print."),
+    limit: int = typer.Option(1000, "--limit", metavar="N", min=1, help="Most rows to print."),
 ) -> None:
-    """Run one read-only SQL query on the case database (tables: see docs/architecture.md)."""
+    """Ask the case database one read-only SQL question.
+
+    The tables and their columns are described in docs/architecture.md.
+    """
     from forensics.case import load_case
     from forensics.db import query_case
 
@@ -33,13 +40,40 @@ def sql(
         writer.writerow(names)
         writer.writerows(rows)
     else:
-        from rich.console import Console
-        from rich.markup import escape
-        from rich.table import Table
+        from forensics.terminal import Col, Grid, make_console
 
-        table = Table(*[escape(n) for n in names])
+        # Numbers line up on the right; text may wrap between words, never inside one.
+        numeric = [
+            bool(rows) and all(_is_number(r[i]) for r in rows if r[i] is not None)
+            for i in range(len(names))
+        ]
+        columns = [Col(n, right=num, wrap=not num) for n, num in zip(names, numeric, strict=True)]
+        grid = Grid("", columns)
         for row in rows:
-            table.add_row(*[escape("" if v is None else str(v)) for v in row])
-        Console().print(table)
+            grid.add_row(*[_cell(v) for v in row])
+        console = make_console()
+        grid.print(console)
+        if not rows:
+            console.print("No rows.")
     if total > len(rows):
         typer.echo(f"({len(rows):,} of {total:,} rows shown; raise --limit for more)", err=True)
+
+
+def _is_number(value: Any) -> bool:
+    from decimal import Decimal
+
+    return isinstance(value, int | float | Decimal) and not isinstance(value, bool)
+
+
+def _cell(value: Any):
+    """A value as the table shows it: numbers as they are (ids and epochs copy whole), instants
+    in UTC with Z, NULL as such (an empty cell could be an empty string)."""
+    from datetime import datetime
+
+    from forensics.terminal import styled, utc
+
+    if value is None:
+        return styled(("NULL", "dim"))
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        return utc(value)
+    return str(value)

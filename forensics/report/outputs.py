@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     import duckdb
 
     from forensics.case import Case
+    from forensics.detect import StepProgress
     from forensics.scope import Scope
 
 AFFECTED_COLUMNS = (
@@ -160,6 +161,7 @@ def write_report(
     redact: bool = False,
     redact_key: str | None = None,
     scope: Scope | None = None,
+    progress: StepProgress | None = None,
 ) -> ReportResult:
     """Render every report output from the findings of a case.
 
@@ -173,6 +175,7 @@ def write_report(
         redact_key: the HMAC key; default ``$FORENSICS_REDACT_KEY``.
         scope: a scope already computed by :func:`forensics.scope.scope_case`; computed here
             when None.
+        progress: told of each part of the report before it is made.
 
     Returns:
         The paths written and the headline counts.
@@ -183,6 +186,22 @@ def write_report(
     from forensics.report.charts import build_charts
     from forensics.report.render import environment, report_context
     from forensics.scope import require_findings, scope_case
+
+    steps = [
+        "Reading the findings",
+        "Drawing the charts",
+        "Writing report.html",
+        "Writing report.md",
+        "Writing the CSVs and the timeline",
+        "Removing earlier notices (a redacted report has none)"
+        if redact
+        else "Writing the notices and findings/*.parquet",
+        "Writing manifest.json",
+    ]
+
+    def step(index: int) -> None:
+        if progress:
+            progress(steps[index], index, len(steps))
 
     require_findings(con)
     key = resolve_key(redact_key) if redact else None
@@ -209,16 +228,21 @@ def write_report(
             f"{out / 'manifest.json'}: cannot replace the manifest ({exc.strerror or exc})"
         ) from None
 
+    step(0)
     tenant_ids = all_tenant_ids(con)
     red = Redactor(tenant_ids, key)
     data = load_report_data(con, case, generated_at, red)
+    step(1)
     charts = build_charts(con, data)
     env = environment()
     ctx = report_context(data, charts, __version__)
 
     written: list[Path] = []
+    step(2)
     _write(out / "report.html", env.get_template("report.html").render(ctx), written)
+    step(3)
     _write(out / "report.md", env.get_template("report.md.j2").render(ctx), written)
+    step(4)
     _write(out / "affected_responses.csv", _csv(AFFECTED_COLUMNS, data.affected), written)
     _write(out / "exposures.csv", _csv(EXPOSURE_COLUMNS, data.exposures), written)
     _write(out / "notifications.csv", _csv(NOTIFICATION_COLUMNS, data.notifications), written)
@@ -233,6 +257,7 @@ def write_report(
 
     notices: list[Path] = []
     messages: list[str] = []
+    step(5)
     _clear_notices(out / "notices")
     _clear_findings(out / "findings")
     if redact:
@@ -254,6 +279,7 @@ def write_report(
         )
         written += notices
 
+    step(6)
     manifest = _manifest(case, data, out, written, redact)
     sync_dir(out / "notices")
     _write(out / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n", written)
