@@ -13,7 +13,6 @@ $(BIN)/forensics: pyproject.toml
 
 demo: $(BIN)/forensics
 	$(BIN)/forensics run sample_data/case.toml --out sample_data/report
-	@echo "Report: sample_data/report/report.html"
 
 test: $(BIN)/forensics
 	$(BIN)/python -m pytest -q

@@ -20,7 +20,6 @@ its reservation keeps the earlier writer's content and can leak it again to a la
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from forensics.verdicts import CONFIDENCE_ORDER, NOTIFIED_VERDICTS, sql_list
@@ -29,9 +28,7 @@ if TYPE_CHECKING:
     import duckdb
     import numpy as np
 
-    from forensics.detect import StepProgress
-
-SQL_DIR = Path(__file__).resolve().parent / "sql"
+    from forensics.progress import StepProgress
 
 
 @dataclass
@@ -162,12 +159,12 @@ def attribute(
     took its pages. A drifted replay's own exposures drop one confidence step. ``progress``
     is told of each decode rank before its sources are worked out.
     """
-    from forensics.detect import run_sql_file
     from forensics.schema import FINDINGS_DDL
+    from forensics.sql import run_sql_file
 
     con.execute(FINDINGS_DDL["findings_exposures"])
     con.execute(FINDINGS_DDL["findings_attribution"])
-    run_sql_file(con, SQL_DIR / "timeline.sql")
+    run_sql_file(con, "timeline.sql")
     result = AttributionResult()
     victims = con.execute(
         f"""SELECT a.request_id, a.tenant_id, t.node, t.dp_rank, t.alloc_at, t.source_table,
@@ -504,11 +501,11 @@ def _temporal(con, victims: list[str], params: dict[str, Any], *, include_older:
       Only where no replay exists (``include_older``): a drifted replay still named most
       writers, so its plausible misses are the recent releases.
     """
-    from forensics.detect import run_sql_file
+    from forensics.sql import run_sql_file
 
     run_sql_file(
         con,
-        SQL_DIR / "temporal.sql",
+        "temporal.sql",
         {
             "victims": victims,
             "window_s": params["overlap_window_s"],
@@ -524,13 +521,8 @@ def _mark_excluded(con) -> None:
            SELECT request_id, string_agg(exclusion, ',' ORDER BY exclusion) AS names
            FROM findings_excluded GROUP BY request_id"""
     )
-    con.execute(
-        """CREATE OR REPLACE TABLE findings_exposures AS
-           SELECT x.* EXCLUDE (recipient_excluded_by, source_excluded_by),
-                  r.names AS recipient_excluded_by, s.names AS source_excluded_by
-           FROM findings_exposures x
-           LEFT JOIN excluded_names r ON r.request_id = x.recipient_request_id
-           LEFT JOIN excluded_names s ON s.request_id = x.source_request_id
-           ORDER BY x.recipient_request_id, x.rank NULLS FIRST, x.tokens DESC,
-                    x.source_request_id"""
-    )
+    for side in ("recipient", "source"):
+        con.execute(
+            f"""UPDATE findings_exposures x SET {side}_excluded_by = e.names
+                FROM excluded_names e WHERE e.request_id = x.{side}_request_id"""
+        )

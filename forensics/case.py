@@ -38,6 +38,20 @@ def parse_duration(text: str) -> timedelta:
     return timedelta(seconds=float(m.group(1)) * _UNIT_SECONDS[m.group(2)])
 
 
+_SIZE = re.compile(r"\s*[0-9]+(\.[0-9]+)?\s*([KMGT]i?B|B)\s*", re.IGNORECASE)
+
+
+def check_memory_limit(value: str) -> str:
+    """The memory limit as DuckDB takes it; ValueError when it is no size.
+
+    >>> check_memory_limit(" 1GB ")
+    '1GB'
+    """
+    if not isinstance(value, str) or not _SIZE.fullmatch(value):
+        raise ValueError(f"not a memory size such as '1GB' or '512MB': {value!r}")
+    return value.strip()
+
+
 def parse_instant(value: Any, tz: str = "UTC") -> datetime:
     """An RFC 3339 string or TOML datetime as an aware UTC datetime; naive means ``tz``.
 
@@ -246,8 +260,6 @@ def load_case(path: str | Path) -> Case:
     database = path.parent / db.get("path", str, "case.duckdb")
     memory_limit = db.get("memory_limit", str)
     if memory_limit is not None:
-        from forensics.db import check_memory_limit
-
         try:
             memory_limit = check_memory_limit(memory_limit)
         except ValueError as exc:

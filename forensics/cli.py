@@ -1,160 +1,36 @@
 """The ``forensics`` command line: thin commands over the library.
 
-Each command validates its options, makes one library call and renders the result. Errors the
-user can act on print one line and exit 1; usage errors exit 2; ``--debug`` shows tracebacks.
+Each command (one module per noun in ``forensics/commands/``) validates its options, makes one
+library call and renders the result. Importing this module registers them all, once, on
+``forensics.app.app``, in the order a responder uses them.
 """
 
 from __future__ import annotations
 
-import functools
-import os
 import sys
-from collections.abc import Callable
 from typing import Any
 
-import typer
+from forensics.app import app
+from forensics.commands import detect, ingest, report, simulate, sql  # noqa: F401 - registers
 
-from forensics import __version__
-from forensics.errors import ForensicsError
+__all__ = ["app", "main"]
 
-app = typer.Typer(
-    name="forensics",
-    help="Incident forensics for cross-tenant KV cache exposure in LLM inference serving.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    # Plain help: flags read as flags (no type after them), choices are listed, and help
-    # text that names a manifest table such as [database] is not taken for console markup.
-    rich_markup_mode=None,
-)
-
-_state = {"debug": False}
+# Help lists the commands in the order a responder uses them: the main job first.
+ORDER = ("run", "ingest", "status", "detect", "explain", "report", "sql", "simulate")
 
 
-def _version(value: bool) -> None:
-    if value:
-        typer.echo(f"forensics {__version__}")
-        raise typer.Exit()
+def _place(command: Any) -> int:
+    name = command.name or command.callback.__name__
+    return ORDER.index(name) if name in ORDER else len(ORDER)
 
 
-@app.callback()
-def _root(
-    ctx: typer.Context,
-    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors."),
-    version: bool = typer.Option(
-        False, "--version", callback=_version, is_eager=True, help="Print the version."
-    ),
-) -> None:
-    _state["debug"] = debug
-    # Everything a command writes holds customer data, including files other code creates
-    # (DuckDB's write-ahead log and spill files): no access for group or others. A stricter
-    # umask is kept; the old one is restored when the command ends.
-    old = os.umask(0o077)
-    os.umask(old | 0o077)
-    ctx.call_on_close(lambda: os.umask(old))
-
-
-def check_memory_limit(value: str | None) -> str | None:
-    """Validate ``--memory-limit`` while parsing options, so a bad size is a usage error."""
-    if value is None:
-        return None
-    from forensics.db import check_memory_limit as check
-
-    try:
-        return check(value)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
-
-
-CASE_ARG = typer.Argument(
-    ..., metavar="CASE", help="The case folder or its case.toml.", show_default=False
-)
-
-MEMORY_OPT = typer.Option(
-    None,
-    "--memory-limit",
-    metavar="SIZE",
-    callback=check_memory_limit,
-    help="Cap DuckDB's memory, e.g. 1GB (default: the manifest's [database].memory_limit); "
-    "beyond it work spills to <database>.tmp/.",
-)
-
-
-def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn library errors into one red line and exit code 1 (``--debug`` re-raises)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (typer.Exit, typer.Abort, SystemExit):
-            raise
-        except ForensicsError as exc:
-            if _state["debug"]:
-                raise
-            error(str(exc))
-            raise typer.Exit(1) from None
-        except KeyboardInterrupt:
-            typer.secho("Interrupted.", err=True, fg="red")
-            raise typer.Exit(130) from None
-        except Exception as exc:  # noqa: BLE001 - last line of defence: no traceback for users
-            if _state["debug"]:
-                raise
-            if isinstance(exc, RuntimeError) and str(exc).startswith("Query interrupted"):
-                # Ctrl-C while DuckDB runs a query reaches Python as this, not as
-                # KeyboardInterrupt: it is the user stopping the command, not an error.
-                typer.secho("Interrupted.", err=True, fg="red")
-                raise typer.Exit(130) from None
-            duckdb = sys.modules.get("duckdb")
-            if duckdb is not None and isinstance(exc, duckdb.OutOfMemoryException):
-                from forensics.db import memory_error
-
-                message = str(memory_error(exc))
-            else:
-                # One line, whatever the exception says (DuckDB's messages can run on).
-                lines = str(exc).strip().splitlines()
-                message = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
-                message += " (run with --debug for details)"
-            error(message)
-            raise typer.Exit(1) from None
-
-    return wrapper
-
-
-def error(message: str) -> None:
-    """One red ``Error:`` line on stderr; what the evidence put in the message is shown, never
-    obeyed (a newline or an escape sequence in a file name stays visible and harmless)."""
-    from forensics.terminal import clean
-
-    typer.secho(f"Error: {clean(message)}", err=True, fg="red")
+app.registered_commands.sort(key=_place)
 
 
 def main() -> None:
     """Console-script entry point."""
-    _register_commands()
     app(prog_name="forensics")
 
-
-def _register_commands() -> None:
-    # Commands live one module per noun; importing them registers them on ``app``.
-    import importlib
-    import pkgutil
-
-    import forensics.commands as pkg
-
-    for mod in sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)):
-        importlib.import_module(f"forensics.commands.{mod}")
-    # Help lists them in the order a responder uses them: the main job first.
-    order = ("run", "ingest", "status", "detect", "explain", "report", "sql", "simulate")
-
-    def place(command: Any) -> int:
-        name = command.name or command.callback.__name__
-        return order.index(name) if name in order else len(order)
-
-    app.registered_commands.sort(key=place)
-
-
-_register_commands()
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

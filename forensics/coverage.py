@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import duckdb
 
-SQL_DIR = Path(__file__).resolve().parent / "sql"
 GAP_SECONDS = 1800.0  # a node silent for 30 minutes is a hole worth stating
 
 
@@ -16,11 +14,11 @@ def assess(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) -> dict[str, 
     """Fill findings_coverage and state, for the summary, how far the logs can be trusted."""
     import json
 
-    from forensics.detect import run_sql_file
     from forensics.schema import FINDINGS_DDL
+    from forensics.sql import run_sql_file
 
     con.execute(FINDINGS_DDL["findings_coverage"])
-    run_sql_file(con, SQL_DIR / "coverage.sql", {"gap_s": GAP_SECONDS})
+    run_sql_file(con, "coverage.sql", {"gap_s": GAP_SECONDS})
     holes, client_only, engine_only, engine_rows = con.execute(
         """SELECT coalesce(sum(gap_count) FILTER (WHERE scope = 'requests'
                                                OR scope LIKE 'engine_legs:%'), 0),

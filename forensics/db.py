@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from forensics.case import check_memory_limit
 from forensics.errors import ForensicsError, ResourceError
 from forensics.schema import all_ddl
 from forensics.verdicts import vocabulary_macros
@@ -20,21 +21,8 @@ from forensics.verdicts import vocabulary_macros
 if TYPE_CHECKING:
     import duckdb
 
+
 # A DuckDB memory size: "1GB", "512 MiB", "1.5GB" (B, KB, MB, GB, TB and the KiB family).
-_SIZE = re.compile(r"\s*[0-9]+(\.[0-9]+)?\s*([KMGT]i?B|B)\s*", re.IGNORECASE)
-
-
-def check_memory_limit(value: str) -> str:
-    """The memory limit as DuckDB takes it; ValueError when it is no size.
-
-    >>> check_memory_limit(" 1GB ")
-    '1GB'
-    """
-    if not isinstance(value, str) or not _SIZE.fullmatch(value):
-        raise ValueError(f"not a memory size such as '1GB' or '512MB': {value!r}")
-    return value.strip()
-
-
 def memory_error(exc: Exception, where: str | None = None) -> ResourceError:
     """One line for DuckDB running out of memory under its limit: what happened (and while
     loading which file, ``where``), and what to do."""
@@ -183,7 +171,10 @@ def query_case(case, query: str, limit: int) -> tuple[list[str], list[tuple], in
     from forensics.errors import ForensicsError
 
     if not case.database.exists():
-        raise ForensicsError(f"{case.database}: no case database yet; run `forensics run` first")
+        raise ForensicsError(
+            f"{case.database}: no case database yet; run `forensics ingest {case.folder}`"
+            f" (or `forensics run {case.folder}`) first"
+        )
     con = connect(case.database, read_only=True)
     try:
         try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -19,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from forensics.errors import ForensicsError
 from forensics.paths import queries_dir
+from forensics.progress import StepProgress
+from forensics.sql import run_sql_file
 
 if TYPE_CHECKING:
     import duckdb
@@ -26,12 +27,6 @@ if TYPE_CHECKING:
     from forensics.case import Case
 
 SIGNAL_COLUMNS = ["request_id", "value", "threshold", "detail", "evidence"]
-SQL_DIR = Path(__file__).resolve().parent / "sql"
-
-# progress(what runs now, steps done before it, steps in all): called before each step of a
-# long stage (detection, attribution, the report) so a caller can show where it is. The
-# library never prints.
-StepProgress = Callable[[str, int, int], None]
 
 # Detection parameters that are not a single detector's: they shape verdicts and assessments.
 CASE_PARAMETERS = {
@@ -171,29 +166,7 @@ def prepare(
             "page": params.get("default_page_size") or 1,
         },
     )
-    run_sql_file(con, SQL_DIR / "prepare.sql")
-
-
-def _statements(path: Path) -> list[str]:
-    """The statements of a SQL file (split on ';' at line ends; our files keep to that)."""
-    text = "\n".join(
-        line
-        for line in path.read_text(encoding="utf-8").splitlines()
-        if not line.strip().startswith("--")
-    )
-    return [s.strip() for s in text.split(";\n") if s.strip().rstrip(";").strip()]
-
-
-def run_sql_file(
-    con: duckdb.DuckDBPyConnection, path: Path, values: dict[str, Any] | None = None
-) -> None:
-    """Run each statement of a SQL file, binding the named parameters it uses from ``values``."""
-    import re
-
-    values = values or {}
-    for statement in _statements(path):
-        used = set(re.findall(r"\$([a-z_]+)", statement))
-        con.execute(statement, {k: values.get(k) for k in used})
+    run_sql_file(con, "prepare.sql")
 
 
 def bind(det: Detector, params: dict[str, Any]) -> dict[str, Any]:
@@ -263,7 +236,7 @@ def run_detectors(
 
 def assign_verdicts(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) -> dict[str, int]:
     """Turn signals into one verdict per request (findings_affected); returns counts."""
-    run_sql_file(con, SQL_DIR / "verdicts.sql", params)
+    run_sql_file(con, "verdicts.sql", params)
     rows = con.execute(
         "SELECT verdict, count(*) FROM findings_affected GROUP BY verdict"
     ).fetchall()
@@ -280,7 +253,7 @@ def detect_case(
     ``progress`` is told of each step (each detector, each decode rank attribution replays).
     """
     from forensics import attribution, basis, coverage, exclusions, exploitation
-    from forensics.schema import FINDINGS_DDL
+    from forensics.schema import FINDINGS_DDL, SCOPE_DDL
     from forensics.verdicts import NOTIFIED_VERDICTS, sql_list
 
     def step(what: str, done: int = 0, total: int = 0) -> None:
@@ -289,6 +262,9 @@ def detect_case(
 
     for ddl in FINDINGS_DDL.values():
         con.execute(ddl)
+    # A scope computed from earlier findings no longer holds: scoping writes it anew.
+    for table in SCOPE_DDL:
+        con.execute(f"DROP TABLE IF EXISTS {table}")
     params = case_parameters(case)
     step("Preparing the working views")
     prepare(con, params, model=case.model, start=case.start, end=case.end)

@@ -329,3 +329,17 @@ FINDINGS_DDL = {
     "findings_warnings": """CREATE OR REPLACE TABLE findings_warnings (
   code VARCHAR, message VARCHAR)""",
 }
+
+# Scope: who is notified and who is reviewed, written by scoping right after detection (in
+# the same transaction) and read by the report. Detection drops them, so a scope never
+# outlives the findings it was computed from.
+SCOPE_DDL = {
+    # One row per notified (tenant, role): recipient or source.
+    "findings_notifications": """CREATE OR REPLACE TABLE findings_notifications (
+  tenant_id VARCHAR, role VARCHAR, responses BIGINT, first_at TIMESTAMPTZ,
+  last_at TIMESTAMPTZ, confidence VARCHAR)""",
+    # Candidates a person decides on: not notified, with the reason and the evidence.
+    "findings_review": """CREATE OR REPLACE TABLE findings_review (
+  tenant_id VARCHAR, role VARCHAR, responses BIGINT, first_at TIMESTAMPTZ,
+  last_at TIMESTAMPTZ, confidence VARCHAR, reason VARCHAR, evidence VARCHAR)""",
+}

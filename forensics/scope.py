@@ -35,14 +35,6 @@ if TYPE_CHECKING:
 
     from forensics.case import Case
 
-NOTIFICATIONS_DDL = """CREATE OR REPLACE TABLE findings_notifications (
-  tenant_id VARCHAR, role VARCHAR, responses BIGINT, first_at TIMESTAMPTZ,
-  last_at TIMESTAMPTZ, confidence VARCHAR)"""
-
-REVIEW_DDL = """CREATE OR REPLACE TABLE findings_review (
-  tenant_id VARCHAR, role VARCHAR, responses BIGINT, first_at TIMESTAMPTZ,
-  last_at TIMESTAMPTZ, confidence VARCHAR, reason VARCHAR, evidence VARCHAR)"""
-
 # Recipients: tenants with a notified verdict, excluded traffic and unknown tenants left out.
 _RECIPIENT_SQL = """
 SELECT tenant_id, 'recipient' AS role, count(DISTINCT request_id) AS responses,
@@ -230,21 +222,23 @@ class Scope:
         return tuple(sorted({n.tenant_id for n in self.notifications}))
 
 
-def require_findings(con: duckdb.DuckDBPyConnection) -> None:
-    """Fail with a clear message when detection has not written its findings yet.
+def require_findings(con: duckdb.DuckDBPyConnection, *, scoped: bool = False) -> None:
+    """Fail with a clear message when detection (and, with ``scoped``, scoping) has not
+    written its tables yet.
 
     Raises:
         ForensicsError: a findings table is missing.
     """
+    from forensics.schema import FINDINGS_DDL, SCOPE_DDL
+
     have = {
         r[0]
         for r in con.execute(
             "SELECT table_name FROM information_schema.tables WHERE table_name LIKE 'findings_%'"
         ).fetchall()
     }
-    from forensics.schema import FINDINGS_DDL
-
-    missing = sorted(set(FINDINGS_DDL) - have)
+    needed = set(FINDINGS_DDL) | (set(SCOPE_DDL) if scoped else set())
+    missing = sorted(needed - have)
     if missing:
         raise ForensicsError(
             f"the case database has no findings ({', '.join(missing)} missing): "
@@ -279,13 +273,25 @@ def scope_case(con: duckdb.DuckDBPyConnection, case: Case | None = None) -> Scop
         [('t1', 'recipient', 1)]
     """
     del case  # scoping depends on findings only
+    from forensics.schema import SCOPE_DDL
+
     require_findings(con)
-    con.execute(NOTIFICATIONS_DDL)
-    con.execute(REVIEW_DDL)
+    for ddl in SCOPE_DDL.values():
+        con.execute(ddl)
     con.execute(_READS_SQL)
     con.execute(f"INSERT INTO findings_notifications {_RECIPIENT_SQL}")
     con.execute(f"INSERT INTO findings_notifications {_SOURCE_SQL}")
     con.execute(f"INSERT INTO findings_review {_REVIEW_SQL}")
+    return load_scope(con)
+
+
+def load_scope(con: duckdb.DuckDBPyConnection) -> Scope:
+    """The notification scope :func:`scope_case` wrote, read back without writing anything.
+
+    Raises:
+        ForensicsError: the findings tables are missing.
+    """
+    require_findings(con, scoped=True)
     rows = con.execute(
         "SELECT tenant_id, role, responses, first_at, last_at, confidence "
         "FROM findings_notifications ORDER BY tenant_id, role"

@@ -21,7 +21,7 @@ SELECT
   request_id,
   held_tokens::DOUBLE AS value,
   expected_tokens::DOUBLE AS threshold,
-  format('{} leg on {} held {} tokens of {} expected', role, node, held_tokens,
+  format('{} leg on {} held {} of the {} tokens expected', role, node, held_tokens,
          expected_tokens) AS detail,
   to_json([
     {'table': record_table, 'evidence_id': r_eid, 'source_row': r_row},

@@ -1,1 +1,1 @@
-"""CLI commands, one module per noun; each registers itself on ``forensics.cli.app``."""
+"""CLI commands, one module per noun; each registers itself on ``forensics.app.app``."""

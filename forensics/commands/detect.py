@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from forensics.cli import CASE_ARG, MEMORY_OPT, app, handle_errors
+from forensics.app import CASE_ARG, MEMORY_OPT, app, handle_errors
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -19,16 +19,14 @@ if TYPE_CHECKING:
 @handle_errors
 def detect(case_path: Path = CASE_ARG, memory_limit: str | None = MEMORY_OPT) -> None:
     """Run every detector and write the findings tables."""
-    from forensics.db import open_case, transaction
-    from forensics.detect import detect_case
+    from forensics.db import open_case
+    from forensics.pipeline import detect_and_scope
     from forensics.terminal import Col, Grid, Steps, make_console, plural, styled
 
     case, con = open_case(case_path, memory_limit)
     try:
-        # Findings are replaced whole or not at all: a detection that is killed or fails leaves
-        # the previous findings, which a report can still read.
-        with Steps(make_console(stderr=True)) as steps, transaction(con):
-            summary = detect_case(con, case, progress=steps.step)
+        with Steps(make_console(stderr=True)) as steps:
+            summary, _ = detect_and_scope(con, case, progress=steps.step)
     finally:
         con.close()
     console = make_console()

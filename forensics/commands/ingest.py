@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from forensics.cli import CASE_ARG, MEMORY_OPT, app, error, handle_errors
+from forensics.app import CASE_ARG, MEMORY_OPT, app, error, handle_errors
 from forensics.ingest import SUPPORTED_FORMATS
 from forensics.schema import KINDS
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from forensics.cli import CASE_ARG, MEMORY_OPT, app, error, handle_errors
+from forensics.app import CASE_ARG, MEMORY_OPT, app, error, handle_errors
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -143,7 +143,7 @@ def report(
 ) -> None:
     """Write the report, CSVs, notices and manifest from the findings."""
     from forensics.db import open_case
-    from forensics.report import write_report
+    from forensics.pipeline import report_case
     from forensics.terminal import Steps, make_console, styled
 
     when = _as_of(as_of)
@@ -151,7 +151,7 @@ def report(
     case, con = open_case(case_path, memory_limit)
     try:
         with Steps(make_console(stderr=True)) as steps:
-            result = write_report(
+            result, problems = report_case(
                 con,
                 case,
                 out or case.folder / "report",
@@ -160,7 +160,6 @@ def report(
                 redact_key=redact_key,
                 progress=steps.step,
             )
-        problems = _evidence_problems(con)
     finally:
         con.close()
     console = make_console()
@@ -169,13 +168,6 @@ def report(
     # is what exits 1 for it.)
     for line in problems:
         console.print(styled(("incomplete evidence: ", "yellow"), line))
-
-
-def _evidence_problems(con) -> list[str]:
-    """One line per file or pattern of the case database that did not load whole."""
-    from forensics.ingest import evidence_outcomes
-
-    return [o.problem_line for o in evidence_outcomes(con) if o.outcome != "loaded"]
 
 
 def ingest_line(result: IngestResult) -> str:
@@ -221,52 +213,30 @@ def run(
     memory_limit: str | None = MEMORY_OPT,
 ):
     """Ingest, detect and report: the main job."""
+    from dataclasses import replace
+
     from forensics.case import load_case
-    from forensics.db import connect, transaction
-    from forensics.detect import detect_case
-    from forensics.ingest import ingest_case
-    from forensics.report import write_report
-    from forensics.scope import scope_case
+    from forensics.pipeline import run_case
     from forensics.terminal import Steps, make_console
 
     when = _as_of(as_of)
     check_out(out)
     case = load_case(case_path)
     if memory_limit is not None:
-        from dataclasses import replace
-
         case = replace(case, memory_limit=memory_limit)
-    console = make_console()
     files = sum(len(entry.files()) for entry in case.evidence)
     with Steps(make_console(stderr=True), files=files) as steps:
-        ingested = ingest_case(case, progress=steps.file)
-        con = connect(case.database, memory_limit=case.memory_limit)
-        try:
-            # Findings and scope are replaced whole or not at all (a kill, an error).
-            with transaction(con):
-                detected = detect_case(con, case, progress=steps.step)
-                steps.step("Scoping notifications", 0, 0)
-                scope = scope_case(con, case)
-            result = write_report(
-                con,
-                case,
-                out or case.folder / "report",
-                as_of=when,
-                scope=scope,
-                progress=steps.step,
-            )
-            problems = _evidence_problems(con)
-        finally:
-            con.close()
-    console.print(f"Ingest: {ingest_line(ingested)}")
-    if ingested.rows_rejected:
+        done = run_case(case, out, as_of=when, on_file=steps.file, progress=steps.step)
+    console = make_console()
+    console.print(f"Ingest: {ingest_line(done.ingested)}")
+    if done.ingested.rows_rejected:
         console.print("Rejected rows are in the rejects table: see `forensics status`.")
-    console.print(f"Detection: {detect_line(detected)}")
-    _print_warnings(console, detected.warnings)
-    _print_result(console, result)
+    console.print(f"Detection: {detect_line(done.detected)}")
+    _print_warnings(console, done.detected.warnings)
+    _print_result(console, done.report)
     # Every output is written by now, and the report states what is missing. The same list
     # decides the exit code: a report built on incomplete evidence is not a clean run.
-    for line in problems:
+    for line in done.problems:
         error(line)
-    if problems:
+    if done.problems:
         raise typer.Exit(1)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from forensics.cli import app, handle_errors
+from forensics.app import app, handle_errors
 from forensics.simulate import FORMATS
 
 # The formats the simulator writes: anything else is a usage error that lists them.

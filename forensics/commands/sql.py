@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from forensics.cli import CASE_ARG, app, handle_errors
+from forensics.app import CASE_ARG, app, handle_errors
 
 
 @app.command()

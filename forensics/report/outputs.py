@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import duckdb
 
     from forensics.case import Case
-    from forensics.detect import StepProgress
+    from forensics.progress import StepProgress
     from forensics.scope import Scope
 
 AFFECTED_COLUMNS = (
@@ -160,21 +160,18 @@ def write_report(
     as_of: datetime | None = None,
     redact: bool = False,
     redact_key: str | None = None,
-    scope: Scope | None = None,
     progress: StepProgress | None = None,
 ) -> ReportResult:
     """Render every report output from the findings of a case.
 
     Args:
-        con: the case database, with findings written by detection.
+        con: the case database, with the findings and scope written by detection.
         case: the case manifest.
         out_dir: output folder (created with its parents when missing).
         as_of: the generation time printed in the outputs; default the manifest's ``as_of``,
             else its ``end``, else the latest evidence timestamp. Never the clock.
         redact: replace tenant ids by keyed pseudonyms and skip the notices.
         redact_key: the HMAC key; default ``$FORENSICS_REDACT_KEY``.
-        scope: a scope already computed by :func:`forensics.scope.scope_case`; computed here
-            when None.
         progress: told of each part of the report before it is made.
 
     Returns:
@@ -185,7 +182,7 @@ def write_report(
     """
     from forensics.report.charts import build_charts
     from forensics.report.render import environment, report_context
-    from forensics.scope import require_findings, scope_case
+    from forensics.scope import load_scope
 
     steps = [
         "Reading the findings",
@@ -203,10 +200,9 @@ def write_report(
         if progress:
             progress(steps[index], index, len(steps))
 
-    require_findings(con)
+    # Detection wrote the findings and the scope together; the report only reads them.
+    scope = load_scope(con)
     key = resolve_key(redact_key) if redact else None
-    if scope is None:
-        scope = scope_case(con, case)
     generated_at = generation_time(con, case, as_of)
     if generated_at is None:
         raise ForensicsError(

@@ -5,7 +5,7 @@
 --              alone when the request's own prefill leg shows the whole prompt processed
 --              without a rejection: the limit on record (a stale or missing snapshot, the
 --              default pool) was not the limit that node applied.
-CREATE OR REPLACE TABLE findings_affected AS
+INSERT INTO findings_affected BY NAME
 WITH flagged AS (SELECT DISTINCT request_id FROM findings_signals),
 prefill_complete AS (
   SELECT l.client_request_id AS request_id

@@ -1,0 +1,43 @@
+"""The working SQL of the pipeline (``*.sql`` beside this file) and the one way to run it.
+
+Detectors live in ``queries/``; the files here are the pipeline's own steps (working views,
+verdicts, attribution timelines, coverage, exploitation) and the rules every step shares
+(``rules.sql``: DuckDB macros such as the SGLang input limit or time to first token).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import duckdb
+
+SQL_DIR = Path(__file__).resolve().parent
+
+
+def run_sql(
+    con: duckdb.DuckDBPyConnection, text: str, values: dict[str, Any] | None = None
+) -> None:
+    """Run each statement of ``text``, binding the named parameters each one uses.
+
+    DuckDB splits the statements and names their parameters, so a statement only receives the
+    values it asks for (an unused value would be an error).
+
+    >>> import duckdb
+    >>> con = duckdb.connect()
+    >>> run_sql(con, "CREATE TABLE t AS SELECT $a AS a; INSERT INTO t SELECT $b;", {"a": 1, "b": 2})
+    >>> con.sql("SELECT a FROM t ORDER BY a").fetchall()
+    [(1,), (2,)]
+    """
+    values = values or {}
+    for statement in con.extract_statements(text):
+        con.execute(statement.query, {k: values.get(k) for k in statement.named_parameters})
+
+
+def run_sql_file(
+    con: duckdb.DuckDBPyConnection, name: str | Path, values: dict[str, Any] | None = None
+) -> None:
+    """Run a SQL file of this folder (by name, e.g. ``"prepare.sql"``) or at a path."""
+    path = SQL_DIR / name if isinstance(name, str) else name
+    run_sql(con, path.read_text(encoding="utf-8"), values)
