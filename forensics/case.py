@@ -10,7 +10,7 @@ import glob
 import ipaddress
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -139,7 +139,6 @@ class Case:
     detection: Detection
     exclusions: tuple[Exclusion, ...]
     timeline: tuple[TimelineEvent, ...]
-    raw: dict = field(default_factory=dict, repr=False)
     # DuckDB's memory cap for this case ("1GB"); None leaves DuckDB's default (80% of RAM).
     memory_limit: str | None = None
 
@@ -301,7 +300,6 @@ def load_case(path: str | Path) -> Case:
         detection=detection,
         exclusions=exclusions,
         timeline=tuple(sorted(timeline, key=lambda t: t.at)),
-        raw=raw,
         memory_limit=memory_limit,
     )
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from forensics.case import check_memory_limit
 from forensics.errors import ForensicsError, ResourceError
 from forensics.schema import all_ddl
+from forensics.sql import run_sql_file
 from forensics.verdicts import vocabulary_macros
 
 if TYPE_CHECKING:
@@ -86,6 +87,7 @@ def connect(
             con.execute(stmt)
     for macro in vocabulary_macros():
         con.execute(macro)
+    run_sql_file(con, "rules.sql")
     return con
 
 

@@ -9,24 +9,21 @@ named parameters; the description shown in reports is rendered from the same val
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from forensics.errors import ForensicsError
-from forensics.paths import queries_dir
+from forensics.detectors import VERDICT_RULES, Detector, load_detectors, query_set_hash
 from forensics.progress import StepProgress
 from forensics.sql import run_sql_file
+from forensics.verdicts import NOTIFIED_VERDICTS, VERDICTS, sql_list
 
 if TYPE_CHECKING:
     import duckdb
 
     from forensics.case import Case
 
-SIGNAL_COLUMNS = ["request_id", "value", "threshold", "detail", "evidence"]
 
 # Detection parameters that are not a single detector's: they shape verdicts and assessments.
 CASE_PARAMETERS = {
@@ -34,96 +31,26 @@ CASE_PARAMETERS = {
 }
 
 
-@dataclass(frozen=True)
-class Detector:
-    """One SQL detector and its metadata."""
-
-    id: str
-    title: str
-    severity: str
-    signal: str
-    description: str
-    parameters: dict[str, dict[str, Any]]
-    output_columns: list[str]
-    tests: list[dict[str, Any]]
-    sql: str
-    path: Path
-    stage: int = 1
-
-    def defaults(self) -> dict[str, Any]:
-        return {name: spec.get("default") for name, spec in self.parameters.items()}
-
-    def describe(self, params: dict[str, Any]) -> str:
-        """The description with this run's parameter values filled in.
-
-        >>> d = load_detectors()[0]
-        >>> "{" in d.describe(d.defaults())
-        False
-        """
-        shown = {k: _show(v) for k, v in params.items() if k in self.parameters}
-        return " ".join(self.description.format(**shown).split())
-
-
-def _show(value: Any) -> str:
-    if value is None:
-        return "not set"
-    if isinstance(value, int) and not isinstance(value, bool):
-        return f"{value:,}"
-    return str(value)
-
-
-def load_detectors(folder: Path | None = None) -> list[Detector]:
-    """Every detector in ``queries/``, in run order (stage, then id)."""
-    import yaml
-
-    folder = folder or queries_dir()
-    detectors = []
-    for sql_path in sorted(folder.glob("*.sql")):
-        meta_path = sql_path.with_suffix(".yml")
-        if not meta_path.exists():
-            raise ForensicsError(f"{sql_path.name}: detector has no metadata file {meta_path.name}")
-        meta = yaml.safe_load(meta_path.read_text(encoding="utf-8"))
-        detectors.append(
-            Detector(
-                id=meta["id"],
-                title=meta["title"],
-                severity=meta["severity"],
-                signal=meta["signal"],
-                description=meta["description"],
-                parameters=meta.get("parameters") or {},
-                output_columns=meta["output_columns"],
-                tests=meta.get("tests") or [],
-                sql=sql_path.read_text(encoding="utf-8"),
-                path=sql_path,
-                stage=int(meta.get("stage", 1)),
-            )
-        )
-    return sorted(detectors, key=lambda d: (d.stage, d.id))
-
-
-def query_set_hash(folder: Path | None = None) -> str:
-    """sha256 over every detector file (name and bytes), so a report names the exact rules."""
-    folder = folder or queries_dir()
-    digest = hashlib.sha256()
-    for path in sorted(folder.glob("*.sql")) + sorted(folder.glob("*.yml")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
 def default_threshold(pool_tokens: int | None, context_length: int | None) -> int | None:
-    """SGLang's max_req_input_len for a pool: min(context - 1, pool - 1) - 5.
+    """SGLang's max_req_input_len for a pool, by the one rule of ``sql/rules.sql``.
 
     >>> default_threshold(681280, 1048576)
     681274
     >>> default_threshold(None, 1048576) is None
     True
     """
+    from forensics.db import connect
+
     if pool_tokens is None:
         return None
-    limit = pool_tokens - 1
-    if context_length is not None:
-        limit = min(context_length - 1, limit)
-    return limit - 5
+    con = connect(":memory:")
+    try:
+        return con.execute(
+            "SELECT sglang_input_limit($pool::BIGINT, $ctx::BIGINT)",
+            {"pool": pool_tokens, "ctx": context_length},
+        ).fetchone()[0]
+    finally:
+        con.close()
 
 
 def case_parameters(case: Case) -> dict[str, Any]:
@@ -234,13 +161,33 @@ def run_detectors(
     return hits
 
 
-def assign_verdicts(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) -> dict[str, int]:
-    """Turn signals into one verdict per request (findings_affected); returns counts."""
+def assign_verdicts(
+    con: duckdb.DuckDBPyConnection,
+    params: dict[str, Any],
+    detectors: list[Detector] | None = None,
+) -> dict[str, int]:
+    """Turn signals into one verdict per request (findings_affected); returns counts.
+
+    Each detector's declared verdict rules (its metadata's ``verdict``) go into a working table
+    that ``sql/verdicts.sql`` applies: no signal is named in the SQL.
+    """
+    columns = ", ".join(f"{rule} VARCHAR" for rule in VERDICT_RULES)
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE detector_effects "
+        f"(signal VARCHAR, limit_rank INTEGER, {columns})"
+    )
+    con.executemany(
+        f"INSERT INTO detector_effects VALUES (?, ?, {', '.join('?' for _ in VERDICT_RULES)})",
+        [
+            [det.signal, det.limit_from_threshold] + [det.verdict.get(r) for r in VERDICT_RULES]
+            for det in (detectors if detectors is not None else load_detectors())
+        ],
+    )
     run_sql_file(con, "verdicts.sql", params)
     rows = con.execute(
         "SELECT verdict, count(*) FROM findings_affected GROUP BY verdict"
     ).fetchall()
-    return {"confirmed": 0, "likely": 0, "possible": 0} | dict(rows)
+    return dict.fromkeys(VERDICTS, 0) | dict(rows)
 
 
 def detect_case(
@@ -254,7 +201,6 @@ def detect_case(
     """
     from forensics import attribution, basis, coverage, exclusions, exploitation
     from forensics.schema import FINDINGS_DDL, SCOPE_DDL
-    from forensics.verdicts import NOTIFIED_VERDICTS, sql_list
 
     def step(what: str, done: int = 0, total: int = 0) -> None:
         if progress:
@@ -269,9 +215,10 @@ def detect_case(
     step("Preparing the working views")
     prepare(con, params, model=case.model, start=case.start, end=case.end)
     warnings = evidence_warnings(con, params)
-    hits = run_detectors(con, params, progress=progress)
+    detectors = load_detectors()
+    hits = run_detectors(con, params, detectors, progress=progress)
     step("Verdicts and exclusions")
-    verdicts = assign_verdicts(con, params)
+    verdicts = assign_verdicts(con, params, detectors)
     exclusions.mark_exclusions(con, case.exclusions)
     attributed = attribution.attribute(con, params, progress=progress)
     warnings += attributed.warnings
@@ -301,7 +248,7 @@ def detect_case(
     return DetectSummary(
         hits=hits,
         verdicts=verdicts,
-        affected=verdicts["confirmed"] + verdicts["likely"],
+        affected=sum(verdicts[v] for v in NOTIFIED_VERDICTS),
         exposures=con.execute("SELECT count(*) FROM findings_exposures").fetchone()[0],
         warnings=[m for _, m in warnings],
         excluded=con.execute(

@@ -64,18 +64,27 @@ def _dicts(cur) -> list[dict[str, Any]]:
     return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
-def _engine_only(con: duckdb.DuckDBPyConnection, request_id: str) -> list[dict[str, Any]]:
-    """An engine request with no client record, shaped like one (the engine's view of it)."""
+def _engine_only(
+    con: duckdb.DuckDBPyConnection, request_id: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """An engine request with no client record, shaped like one (the engine's view of it),
+    and its legs."""
+    # The legs of one engine request share its engine key (rules.sql), the rule detection
+    # groups them by; legs that belong to a client request are not this one's.
     legs = _dicts(
         con.execute(
             """SELECT l.*, e.path AS evidence_path FROM engine_legs l
                LEFT JOIN evidence e USING (evidence_id)
-               WHERE l.request_id = $id ORDER BY l.started_at, l.role""",
+               WHERE engine_key(l.bootstrap_room, l.request_id) IN (
+                       SELECT engine_key(bootstrap_room, request_id) FROM engine_legs
+                       WHERE request_id = $id)
+                 AND l.request_id NOT IN (SELECT request_id FROM legs_of_clients())
+               ORDER BY l.started_at, l.role""",
             {"id": request_id},
         )
     )
     if not legs:
-        return []
+        return [], []
     decode = next((g for g in legs if g["role"] in ("decode", "unified")), legs[0])
     prefill = next((g for g in legs if g["role"] == "prefill"), {})
     tenant = con.execute(
@@ -99,7 +108,7 @@ def _engine_only(con: duckdb.DuckDBPyConnection, request_id: str) -> list[dict[s
             "source_row": decode["source_row"],
             "client_record": False,
         }
-    ]
+    ], legs
 
 
 def verdict_reason(verdict: dict[str, Any] | None, parameters: dict[str, Any]) -> str:
@@ -179,8 +188,9 @@ def explain_request(
     )
     for row in found:
         row["client_record"] = True
+    legs: list[dict[str, Any]] = []
     if not found:
-        found = _engine_only(con, request_id)
+        found, legs = _engine_only(con, request_id)
     if not found:
         raise ForensicsError(f"request {request_id!r} is not in this case")
     tables = {r[0] for r in con.execute("SHOW TABLES").fetchall()}
@@ -188,16 +198,16 @@ def explain_request(
         raise ForensicsError("no findings yet: run `forensics detect` on this case first")
     req = found[0]
     paths = dict(con.execute("SELECT evidence_id, path FROM evidence").fetchall())
-    legs = _dicts(
-        con.execute(
-            """SELECT l.*, e.path AS evidence_path FROM engine_legs l
-           LEFT JOIN evidence e USING (evidence_id)
-           WHERE l.request_id = $id
-              OR (l.bootstrap_room IS NOT NULL AND l.bootstrap_room = $room)
-           ORDER BY l.started_at, l.role""",
-            {"id": request_id, "room": req.get("bootstrap_room")},
+    if req["client_record"]:
+        legs = _dicts(
+            con.execute(
+                """SELECT l.* EXCLUDE (client_request_id), e.path AS evidence_path
+               FROM legs_of_clients() l LEFT JOIN evidence e USING (evidence_id)
+               WHERE l.client_request_id = $id
+               ORDER BY l.started_at, l.role""",
+                {"id": request_id},
+            )
         )
-    )
     signals = _dicts(
         con.execute(
             """SELECT signal, detector_id, value, threshold, detail, evidence

@@ -22,10 +22,6 @@ if TYPE_CHECKING:
 
     from forensics.case import Case
 
-# SGLang keeps a few tokens of the window in reserve: a limit of context - 6 is the normal
-# ceiling, anything lower was set by a pool smaller than the window.
-CEILING_RESERVE = 6
-
 
 @dataclass(frozen=True)
 class Remediation:
@@ -55,16 +51,15 @@ def pool_fixed_at(
     ``(None, ())`` when no snapshot was ever pool-bound (nothing to fix in the pools).
     """
     rows = con.execute(
-        f"""WITH s AS (
+        """WITH s AS (
              SELECT node, observed_at,
-                    coalesce(max_req_input_len,
-                             least(coalesce(context_length, $ctx) - 1,
-                                   max_total_num_tokens - 1) - 5) AS limit_tokens,
+                    snapshot_input_limit(max_req_input_len, max_total_num_tokens,
+                                         coalesce(context_length, $ctx)) AS limit_tokens,
                     coalesce(context_length, $ctx) AS ctx
              FROM pool_snapshots WHERE coalesce(role, 'prefill') IN ('prefill', 'unified')),
            flagged AS (
              SELECT node, observed_at, limit_tokens,
-                    ctx IS NOT NULL AND limit_tokens < ctx - {CEILING_RESERVE} AS bound
+                    ctx IS NOT NULL AND pool_bound(limit_tokens, ctx) AS bound
              FROM s),
            per_node AS (
              SELECT node, max(observed_at) FILTER (WHERE bound) AS last_bound,

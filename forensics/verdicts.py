@@ -62,6 +62,10 @@ def vocabulary_macros() -> list[str]:
         f"coalesce(list_position({_sql_array(CONFIDENCE_ORDER)}, c), "
         f"{len(CONFIDENCE_ORDER) + 1})",
         f"CREATE OR REPLACE TEMP MACRO confidence_at(i) AS {_sql_array(CONFIDENCE_ORDER)}[i]",
+        # The same for verdicts (1 = confirmed).
+        "CREATE OR REPLACE TEMP MACRO verdict_rank(v) AS "
+        f"coalesce(list_position({_sql_array(VERDICTS)}, v), {len(VERDICTS) + 1})",
+        f"CREATE OR REPLACE TEMP MACRO verdict_at(i) AS {_sql_array(VERDICTS)}[i]",
     ]
 
 

@@ -6,8 +6,7 @@
 -- left to train on) from under-estimating the cost.
 WITH observed AS (
   SELECT r.request_id, coalesce(r.model, '') AS model, r.prompt_tokens,
-         coalesce(r.ttft_ms,
-                  date_diff('microsecond', r.received_at, r.first_token_at) / 1000.0) AS ttft_ms,
+         ttft_ms(r.ttft_ms, r.received_at, r.first_token_at) AS ttft_ms,
          r.evidence_id, r.source_row
   FROM scoped_requests r
   WHERE r.http_status BETWEEN 200 AND 299 AND r.prompt_tokens > 0

@@ -8,7 +8,7 @@ WITH rejected AS (
          TRY_CAST(regexp_extract(l.error, 'maximum allowed length \((\d+) tokens\)', 1) AS BIGINT)
            AS logged_limit
   FROM matched_legs l
-  WHERE l.role IN ('prefill', 'unified') AND regexp_matches(l.error, $rejection_pattern)
+  WHERE l.role IN ('prefill', 'unified') AND input_length_rejection(l.error)
 )
 SELECT
   r.request_id,

@@ -14,6 +14,6 @@ SELECT
 FROM scoped_all r
 JOIN matched_legs l ON l.client_request_id = r.request_id
 WHERE NOT r.client_record AND r.decode_node IS NULL
-  AND l.role = 'prefill' AND regexp_matches(l.error, $rejection_pattern)
+  AND l.role = 'prefill' AND input_length_rejection(l.error)
 QUALIFY row_number() OVER (PARTITION BY r.request_id ORDER BY l.evidence_id, l.source_row) = 1
 ORDER BY r.request_id;

@@ -7,7 +7,8 @@ import re
 import pytest
 
 from forensics.db import connect, insert_rows
-from forensics.detect import SIGNAL_COLUMNS, load_detectors, prepare, run_detector
+from forensics.detect import prepare, run_detector
+from forensics.detectors import SIGNAL_COLUMNS, load_detectors
 
 DETECTORS = load_detectors()
 CASES = [(d, t) for d in DETECTORS for t in d.tests]

@@ -7,7 +7,8 @@ from fixtures.findings.builder import build
 
 from forensics.case import load_case
 from forensics.db import connect
-from forensics.detect import detect_case, load_detectors
+from forensics.detect import detect_case
+from forensics.detectors import load_detectors
 from forensics.ingest import ingest_case
 from forensics.report import write_report
 

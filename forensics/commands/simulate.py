@@ -53,7 +53,15 @@ def simulate(
     ),
 ) -> None:
     """Write a synthetic case: case.toml, evidence/ and truth/."""
+    import importlib.util
+
+    from forensics.errors import ForensicsError
     from forensics.simulate import simulate_case
+
+    # The simulator is the one part that needs polars; an install for investigations only
+    # does without it.
+    if importlib.util.find_spec("polars") is None:
+        raise ForensicsError('the simulator needs polars: pip install "kv-forensics[simulate]"')
 
     s = simulate_case(
         out_dir,

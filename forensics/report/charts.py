@@ -263,7 +263,7 @@ def tokens_vs_ttft(con: duckdb.DuckDBPyConnection, data: ReportData) -> Chart:
 
     title = "Prompt tokens against time to first token"
     ctx = (data.case_facts.get("parameters") or {}).get("context_length")
-    ttft = "coalesce(r.ttft_ms, epoch_ms(r.first_token_at) - epoch_ms(r.received_at))"
+    ttft = "ttft_ms(r.ttft_ms, r.received_at, r.first_token_at)"
     usable = f"r.prompt_tokens > 0 AND {ttft} > 0"
     in_view = usable + (" AND r.prompt_tokens < $ctx" if ctx else "")
     args = {"ctx": ctx} if ctx else {}

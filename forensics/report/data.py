@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 
     from forensics.case import Case
 
-VERDICT_ORDER = {"confirmed": 0, "likely": 1, "possible": 2}
 
 # The conclusions each kind of evidence carries, so a gap in it limits them (said in the
 # summary's "evidence is incomplete" banner).
@@ -156,7 +155,6 @@ class ReportData:
         return "".join(parts)
 
     summary: dict[str, Any] = field(default_factory=dict)
-    nodes: list[str] = field(default_factory=list)
 
 
 def all_tenant_ids(con: duckdb.DuckDBPyConnection) -> set[str]:
@@ -390,7 +388,6 @@ def load_report_data(
         quality=_data_quality(con, case.folder, tx),
     )
     data.summary = _summary(data)
-    data.nodes = sorted({a["decode_node"] or "(unknown)" for a in affected})
     return data
 
 

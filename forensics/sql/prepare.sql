@@ -12,14 +12,13 @@ WHERE (p.model IS NULL OR r.model IS NULL OR r.model = p.model)
 
 -- Prefill limits: one row per change of a prefill node's max_req_input_len, in force from
 -- observed_at until the node's next row. Snapshot rows with no role count for both sides.
--- max_req_input_len falls back to SGLang's rule min(context-1, pool-1) - 5 when not reported.
+-- max_req_input_len falls back to the limit the pool implies (rules.sql) when not reported.
 CREATE OR REPLACE TEMP TABLE prefill_limits AS
 WITH snap AS (
   SELECT s.node, s.observed_at, s.max_total_num_tokens AS pool_tokens,
          coalesce(s.context_length, p.context_length) AS context_length,
-         coalesce(s.max_req_input_len,
-                  least(coalesce(s.context_length, p.context_length) - 1,
-                        s.max_total_num_tokens - 1) - 5) AS threshold_tokens,
+         snapshot_input_limit(s.max_req_input_len, s.max_total_num_tokens,
+                              coalesce(s.context_length, p.context_length)) AS threshold_tokens,
          'pool_snapshots' AS source_table, s.evidence_id, s.source_row
   FROM pool_snapshots s, detect_params p
   WHERE coalesce(s.role, 'prefill') IN ('prefill', 'unified')
@@ -28,11 +27,10 @@ WITH snap AS (
 logged AS (
   SELECT l.node, l.started_at AS observed_at, NULL::BIGINT AS pool_tokens,
          p.context_length,
-         TRY_CAST(regexp_extract(l.error, 'maximum allowed length \((\d+) tokens\)', 1) AS BIGINT)
-           AS threshold_tokens,
+         rejection_limit_tokens(l.error) AS threshold_tokens,
          'engine_legs' AS source_table, l.evidence_id, l.source_row
   FROM engine_legs l, detect_params p
-  WHERE l.role IN ('prefill', 'unified') AND l.error LIKE '%maximum allowed length (%'
+  WHERE l.role IN ('prefill', 'unified') AND rejection_limit_tokens(l.error) IS NOT NULL
     AND l.node NOT IN (SELECT node FROM snap)
 ),
 allrows AS (
@@ -75,16 +73,8 @@ SELECT node, observed_at, pool_tokens, page_size, dp_size, evidence_id, source_r
 FROM snap
 WHERE previous_pool IS NULL OR previous_pool <> pool_tokens OR previous_page <> page_size;
 
--- Engine legs matched to the client request they belong to: by request id, else by the PD
--- bootstrap room (prefill and decode may log different rids for one request).
-CREATE OR REPLACE TEMP TABLE client_legs AS
-SELECT r.request_id AS client_request_id, l.*
-FROM engine_legs l JOIN requests r ON l.request_id = r.request_id
-UNION ALL
-SELECT r.request_id AS client_request_id, l.*
-FROM engine_legs l JOIN requests r ON l.bootstrap_room = r.bootstrap_room
-WHERE l.bootstrap_room IS NOT NULL
-  AND l.request_id NOT IN (SELECT request_id FROM requests);
+-- Engine legs matched to the client request they belong to (rules.sql: legs_of_clients).
+CREATE OR REPLACE TEMP TABLE client_legs AS SELECT * FROM legs_of_clients();
 
 -- Engine requests with no client record (a lost or missing client log): the legs of one request
 -- grouped by bootstrap room, else by rid. The engine alone proves an exposure (a prefill that
@@ -93,7 +83,7 @@ WHERE l.bootstrap_room IS NOT NULL
 -- `tenant_id` field the legs carry (kept in `extra`, e.g. a custom request label), else unknown.
 CREATE OR REPLACE TEMP TABLE engine_requests AS
 WITH orphan AS (
-  SELECT coalesce('room:' || l.bootstrap_room, 'rid:' || l.request_id) AS engine_key, l.*
+  SELECT engine_key(l.bootstrap_room, l.request_id) AS engine_key, l.*
   FROM engine_legs l
   WHERE l.request_id NOT IN (SELECT request_id FROM client_legs)
 ),
@@ -112,7 +102,7 @@ labels AS (
 SELECT coalesce(d.d.request_id, p.p.request_id) AS request_id, g.tenant_id,
        least(p.p.started_at, d.d.started_at) AS received_at,
        coalesce(d.d.reserved_tokens,
-                TRY_CAST(regexp_extract(p.p.error, 'Input length \((\d+) tokens\)', 1) AS BIGINT),
+                rejected_input_tokens(p.p.error),
                 p.p.input_tokens) AS prompt_tokens,
        NULL::BIGINT AS http_status,
        d.d.finished_at AS completed_at,
@@ -139,7 +129,7 @@ UNION ALL
 SELECT e.request_id AS client_request_id, l.*
 FROM engine_legs l
 JOIN engine_requests e
-  ON coalesce('room:' || l.bootstrap_room, 'rid:' || l.request_id) = e.engine_key
+  ON engine_key(l.bootstrap_room, l.request_id) = e.engine_key
 WHERE l.request_id NOT IN (SELECT request_id FROM client_legs);
 
 -- Every request the case knows: client records, then engine requests that have none. Client
