@@ -20,6 +20,7 @@ test: $(BIN)/forensics
 lint: $(BIN)/forensics
 	$(BIN)/ruff check forensics tests benchmarks
 	$(BIN)/ruff format --check forensics tests benchmarks
+	$(BIN)/mypy
 
 bench: $(BIN)/forensics
 	$(BIN)/python benchmarks/bench_detect.py --requests 1000000

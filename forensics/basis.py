@@ -13,6 +13,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
+from forensics.sql import scalar
+
 if TYPE_CHECKING:
     import duckdb
 
@@ -70,29 +72,32 @@ def evidence_basis(con: duckdb.DuckDBPyConnection) -> EvidenceBasis:
     ``kv_allocations`` is optional (few engines write it) and its absence costs nothing the
     replay does not recover, so it is never reported missing.
     """
-    unknown_tenant_responses = con.execute(
+    unknown_tenant_responses = scalar(
+        con,
         "SELECT count(*) FROM findings_affected"
-        " WHERE notified_verdict(verdict) AND tenant_id IS NULL AND excluded_by IS NULL"
-    ).fetchone()[0]
+        " WHERE notified_verdict(verdict) AND tenant_id IS NULL AND excluded_by IS NULL",
+    )
     rows = {
-        "requests": con.execute("SELECT count(*) FROM requests").fetchone()[0],
-        "engine_legs": con.execute("SELECT count(*) FROM engine_legs").fetchone()[0],
-        "prefill_legs": con.execute(
-            "SELECT count(*) FROM engine_legs WHERE role IN ('prefill', 'unified')"
-        ).fetchone()[0],
-        "decode_legs": con.execute(
-            "SELECT count(*) FROM engine_legs WHERE role IN ('decode', 'unified')"
-        ).fetchone()[0],
-        "prefill_snapshots": con.execute(
+        "requests": scalar(con, "SELECT count(*) FROM requests"),
+        "engine_legs": scalar(con, "SELECT count(*) FROM engine_legs"),
+        "prefill_legs": scalar(
+            con, "SELECT count(*) FROM engine_legs WHERE role IN ('prefill', 'unified')"
+        ),
+        "decode_legs": scalar(
+            con, "SELECT count(*) FROM engine_legs WHERE role IN ('decode', 'unified')"
+        ),
+        "prefill_snapshots": scalar(
+            con,
             "SELECT count(*) FROM pool_snapshots"
-            " WHERE coalesce(role, 'prefill') IN ('prefill', 'unified')"
-        ).fetchone()[0],
-        "decode_snapshots": con.execute(
+            " WHERE coalesce(role, 'prefill') IN ('prefill', 'unified')",
+        ),
+        "decode_snapshots": scalar(
+            con,
             "SELECT count(*) FROM pool_snapshots"
-            " WHERE coalesce(role, 'decode') IN ('decode', 'unified')"
-        ).fetchone()[0],
+            " WHERE coalesce(role, 'decode') IN ('decode', 'unified')",
+        ),
     }
-    allocation_log = con.execute("SELECT count(*) FROM kv_allocations").fetchone()[0] > 0
+    allocation_log = scalar(con, "SELECT count(*) FROM kv_allocations") > 0
     missing = [k for k in KIND_LABELS if rows[k] == 0]
     if "engine_legs" in missing:
         # One side of the engines missing is said as such; both as the engine records.

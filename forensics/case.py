@@ -10,7 +10,7 @@ import glob
 import ipaddress
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -118,9 +118,10 @@ class TimelineEvent:
 @dataclass(frozen=True)
 class Detection:
     default_pool_tokens: int | None = None
-    latency_factor: float = 0.2
     overlap_window: timedelta = timedelta(minutes=15)
     default_page_size: int = 1
+    # Tunables the manifest sets (forensics.parameters): name -> value, checked on load.
+    overrides: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -277,9 +278,11 @@ def load_case(path: str | Path) -> Case:
     for i, item in enumerate(_array(top, "timeline")):
         r = _Reader(path, f"[[timeline]] #{i + 1}", item)
         r.check_keys({"at", "event", "fix"})
+        at = r.instant("at", tz, required=True)
+        assert at is not None  # required: instant() has failed otherwise
         timeline.append(
             TimelineEvent(
-                r.instant("at", tz, required=True),
+                at,
                 r.get("event", str, required=True),
                 bool(r.get("fix", bool, False)),
             )
@@ -338,14 +341,14 @@ def _evidence(path: Path, i: int, item: Any, tz: str) -> Evidence:
 
 
 def _detection(path: Path, item: Any) -> Detection:
+    from forensics.parameters import tunable_parameters
+
     r = _Reader(path, "[detection]", item)
-    r.check_keys({"default_pool_tokens", "latency_factor", "overlap_window", "default_page_size"})
+    tunables = tunable_parameters()
+    r.check_keys({"default_pool_tokens", "overlap_window", "default_page_size"} | set(tunables))
     pool = r.get("default_pool_tokens", int)
     if pool is not None and pool <= 0:
         r.fail("default_pool_tokens", "must be positive")
-    factor = r.get("latency_factor", float, 0.2)
-    if not 0 < factor < 1:
-        r.fail("latency_factor", f"must be a number between 0 and 1, got {factor!r}")
     window_text = r.get("overlap_window", str, "15m")
     try:
         window = parse_duration(window_text)
@@ -354,7 +357,14 @@ def _detection(path: Path, item: Any) -> Detection:
     page = r.get("default_page_size", int, 1)
     if page <= 0:
         r.fail("default_page_size", "must be positive")
-    return Detection(pool, factor, window, page)
+    overrides = {}
+    for name, value in r.table.items():
+        if name in tunables:
+            try:
+                overrides[name] = tunables[name].check(value)
+            except ValueError as exc:
+                r.fail(name, str(exc))
+    return Detection(pool, window, page, overrides)
 
 
 def _exclusion(path: Path, i: int, item: Any, tz: str) -> Exclusion:

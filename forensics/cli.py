@@ -7,7 +7,6 @@ library call and renders the result. Importing this module registers them all, o
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from forensics.app import app
@@ -33,4 +32,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    main()

@@ -7,26 +7,26 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import duckdb
 
-GAP_SECONDS = 1800.0  # a node silent for 30 minutes is a hole worth stating
-
 
 def assess(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) -> dict[str, Any]:
     """Fill findings_coverage and state, for the summary, how far the logs can be trusted."""
     import json
 
     from forensics.schema import FINDINGS_DDL
-    from forensics.sql import run_sql_file
+    from forensics.sql import first_row, run_sql_file
 
     con.execute(FINDINGS_DDL["findings_coverage"])
-    run_sql_file(con, "coverage.sql", {"gap_s": GAP_SECONDS})
-    holes, client_only, engine_only, engine_rows = con.execute(
+    # A node silent this long while others work is a hole worth stating ([detection]).
+    run_sql_file(con, "coverage.sql", {"gap_s": params["coverage_gap_s"]})
+    holes, client_only, engine_only, engine_rows = first_row(
+        con,
         """SELECT coalesce(sum(gap_count) FILTER (WHERE scope = 'requests'
                                                OR scope LIKE 'engine_legs:%'), 0),
                   coalesce(sum(rows) FILTER (WHERE scope = 'client_only'), 0),
                   coalesce(sum(rows) FILTER (WHERE scope = 'engine_only'), 0),
                   coalesce(sum(rows) FILTER (WHERE scope LIKE 'engine_legs:%'), 0)
-           FROM findings_coverage"""
-    ).fetchone()
+           FROM findings_coverage""",
+    )
     statement = coverage_statement(int(holes), int(client_only), int(engine_only), int(engine_rows))
     con.execute(
         "INSERT INTO findings_case VALUES ('coverage', $v)",

@@ -16,19 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from forensics.detectors import VERDICT_RULES, Detector, load_detectors, query_set_hash
 from forensics.progress import StepProgress
-from forensics.sql import run_sql_file
+from forensics.sql import first_row, run_sql_file, scalar
 from forensics.verdicts import NOTIFIED_VERDICTS, VERDICTS, sql_list
 
 if TYPE_CHECKING:
     import duckdb
 
     from forensics.case import Case
-
-
-# Detection parameters that are not a single detector's: they shape verdicts and assessments.
-CASE_PARAMETERS = {
-    "long_prompt_tokens": 65536,  # token_mismatch on a prompt this long is "likely"
-}
 
 
 def default_threshold(pool_tokens: int | None, context_length: int | None) -> int | None:
@@ -45,22 +39,22 @@ def default_threshold(pool_tokens: int | None, context_length: int | None) -> in
         return None
     con = connect(":memory:")
     try:
-        return con.execute(
+        return scalar(
+            con,
             "SELECT sglang_input_limit($pool::BIGINT, $ctx::BIGINT)",
             {"pool": pool_tokens, "ctx": context_length},
-        ).fetchone()[0]
+        )
     finally:
         con.close()
 
 
 def case_parameters(case: Case) -> dict[str, Any]:
-    """Every detection parameter for this case: detector defaults overridden by the manifest."""
-    params: dict[str, Any] = {}
-    for det in load_detectors():
-        params.update(det.defaults())
-    params.update(CASE_PARAMETERS)
+    """Every detection parameter for this case: each tunable's default (forensics.parameters)
+    overridden by the manifest's ``[detection]``, and the values derived from the manifest."""
+    from forensics.parameters import defaults
+
     det_cfg = case.detection
-    params["latency_factor"] = det_cfg.latency_factor
+    params = defaults() | det_cfg.overrides
     params["context_length"] = case.context_length
     params["default_threshold_tokens"] = default_threshold(
         det_cfg.default_pool_tokens, case.context_length
@@ -249,19 +243,20 @@ def detect_case(
         hits=hits,
         verdicts=verdicts,
         affected=sum(verdicts[v] for v in NOTIFIED_VERDICTS),
-        exposures=con.execute("SELECT count(*) FROM findings_exposures").fetchone()[0],
+        exposures=scalar(con, "SELECT count(*) FROM findings_exposures"),
         warnings=[m for _, m in warnings],
-        excluded=con.execute(
+        excluded=scalar(
+            con,
             "SELECT count(*) FROM findings_affected WHERE excluded_by IS NOT NULL"
-            f" AND verdict IN {sql_list(NOTIFIED_VERDICTS)}"
-        ).fetchone()[0],
+            f" AND verdict IN {sql_list(NOTIFIED_VERDICTS)}",
+        ),
     )
 
 
 def evidence_warnings(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) -> list[tuple]:
     """Say which evidence is missing and what detection falls back to without it."""
     count = {
-        t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]  # noqa: S608 - fixed names
+        t: scalar(con, f"SELECT count(*) FROM {t}")  # noqa: S608 - fixed names
         for t in ("requests", "engine_legs", "pool_snapshots", "kv_allocations")
     }
     out = []
@@ -309,11 +304,12 @@ def evidence_warnings(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) ->
             )
         )
     if count["requests"]:
-        missing = con.execute(
+        missing = first_row(
+            con,
             """SELECT count(*) FILTER (WHERE prefill_node IS NULL),
                       count(*) FILTER (WHERE decode_node IS NULL), count(*)
-               FROM scoped_requests"""
-        ).fetchone()
+               FROM scoped_requests""",
+        )
         if missing[0]:
             out.append(
                 (

@@ -35,7 +35,13 @@ _TOP = {
     "stage": (int, False),
     "limit_from_threshold": (int, False),
 }
-_PARAMETER = {"default": (object, True), "description": (str, True)}
+# above/below: the open interval a value set in the manifest must lie in (default: above 0).
+_PARAMETER = {
+    "default": (object, True),
+    "description": (str, True),
+    "above": ((int, float), False),
+    "below": ((int, float), False),
+}
 _TEST = {
     "name": (str, True),
     "expect": (list, True),
@@ -95,7 +101,7 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def check_mapping(where: str, value: Any, schema: dict[str, tuple[type, bool]]) -> dict:
+def check_mapping(where: str, value: Any, schema: dict[str, tuple[Any, bool]]) -> dict:
     """Check one mapping against its schema: no unknown key, every required key, each of its
     kind. Raises ForensicsError naming ``where`` and the key.
 
@@ -121,7 +127,9 @@ def check_mapping(where: str, value: Any, schema: dict[str, tuple[type, bool]]) 
         item = value[key]
         wrong = not isinstance(item, kind) or (kind is int and isinstance(item, bool))
         if wrong:
-            raise ForensicsError(f"{where}: {key!r} must be a {kind.__name__}, got {item!r}")
+            kinds = kind if isinstance(kind, tuple) else (kind,)
+            name = " or ".join(k.__name__ for k in kinds)
+            raise ForensicsError(f"{where}: {key!r} must be a {name}, got {item!r}")
     return value
 
 

@@ -11,7 +11,7 @@ the window can still be the source of a stale page read inside it.
 from __future__ import annotations
 
 import ipaddress
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import duckdb
@@ -71,7 +71,8 @@ def mark_exclusions(con: duckdb.DuckDBPyConnection, rules: tuple[Exclusion, ...]
     con.execute(FINDINGS_DDL["findings_exclusions"])
     distinct_ips: list[str] | None = None
     for ordinal, ex in enumerate(rules):
-        selectors, args = [], {"name": ex.name}
+        selectors: list[str] = []
+        args: dict[str, Any] = {"name": ex.name}
         if ex.tenant_ids:
             selectors.append("tenant_id IN (SELECT unnest($tenants))")
             args["tenants"] = list(ex.tenant_ids)

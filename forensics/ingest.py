@@ -28,6 +28,7 @@ from forensics import schema
 from forensics.casts import _SEP, stage_sql
 from forensics.errors import EvidenceError, ForensicsError, ResourceError
 from forensics.readers import Source, open_source, sql_ident, sql_str
+from forensics.sql import first_row, scalar
 from forensics.status import (  # re-exported: the status API belongs to ingest's public face
     CONFLICTING_DUPLICATE,
     EXACT_DUPLICATE,
@@ -181,7 +182,7 @@ class IngestResult:
         """One line per file or pattern whose evidence did not load whole: partial files
         (already loaded ones included: they are still partial), failed files, patterns that
         matched nothing."""
-        return [o.problem_line for o in self.outcomes if o.outcome != "loaded"]
+        return [o.problem_line for o in self.outcomes if o.problem_line is not None]
 
     @property
     def ok(self) -> bool:
@@ -471,15 +472,15 @@ def _load(
     found among the loaded rows afterwards and moved to the rejects (:func:`_duplicates`);
     ``restage`` gives the casting query that rejects them too.
     """
-    eid = con.execute("SELECT nextval('evidence_seq')").fetchone()[0]
+    eid = scalar(con, "SELECT nextval('evidence_seq')")
 
     def run(step: int, statement: str) -> int:
         if not watch:
-            return con.execute(statement).fetchone()[0]
+            return scalar(con, statement)
         # Two SQL passes share the second half of the progress bar.
         stopper = _watch_query(con, lambda f: report(int(size * (0.5 + (step + f) / 4)), size))
         try:
-            return con.execute(statement).fetchone()[0]
+            return scalar(con, statement)
         finally:
             stopper()
 
@@ -497,10 +498,11 @@ def _load(
     duplicates = conflicts = 0
     flagged = _duplicates(con, kind, eid, label, replacing, tag)
     if flagged is not None:
-        duplicates, conflicts = con.execute(
+        duplicates, conflicts = first_row(
+            con,
             f"SELECT count(*) FILTER (WHERE starts_with(reason, '{EXACT_DUPLICATE}')), "
-            f"count(*) FILTER (WHERE NOT starts_with(reason, '{EXACT_DUPLICATE}')) FROM {flagged}"
-        ).fetchone()
+            f"count(*) FILTER (WHERE NOT starts_with(reason, '{EXACT_DUPLICATE}')) FROM {flagged}",
+        )
         con.execute(
             f"DELETE FROM {kind} WHERE evidence_id = {eid} "
             f"AND source_row IN (SELECT source_row FROM {flagged})"
@@ -509,7 +511,7 @@ def _load(
         sql = restage(flagged)
     # Counting the source is nearly free (Parquet metadata, a temp table), and when every row
     # loaded the second pass over the file for rejects can be skipped.
-    total = con.execute(f"SELECT count(*) FROM {source.relation}").fetchone()[0]
+    total = scalar(con, f"SELECT count(*) FROM {source.relation}")
     rejected = 0
     if loaded < total:
         rejected = run(
@@ -538,10 +540,11 @@ def _load(
     first_at = last_at = None
     time_col = schema.TIME_COLUMN[kind]
     if time_col:
-        first_at, last_at = con.execute(
+        first_at, last_at = first_row(
+            con,
             f"SELECT min({sql_ident(time_col)}), max({sql_ident(time_col)}) FROM {kind} "
-            f"WHERE evidence_id = {eid}"
-        ).fetchone()
+            f"WHERE evidence_id = {eid}",
+        )
     read = loaded + rejected
     rows_lost = source.rows_lost if source.problem else 0
     con.execute(
@@ -640,13 +643,14 @@ def _duplicates(
         return where
 
     keys, flagged = f"__kv_dupkeys_{tag}", f"__kv_dups_{tag}"
-    repeated = con.execute(
+    repeated = scalar(
+        con,
         f"CREATE OR REPLACE TEMP TABLE {keys} AS "
         f"SELECT {key} FROM {kind} WHERE evidence_id = {eid} GROUP BY ALL HAVING count(*) > 1 "
         f"UNION SELECT {', '.join(f'n.{sql_ident(c)}' for c in identity)} FROM {kind} n "
         f"SEMI JOIN (SELECT {key} FROM {kind} WHERE {older()}) o ON {same('n', 'o', identity)} "
-        f"WHERE n.evidence_id = {eid}"
-    ).fetchone()[0]
+        f"WHERE n.evidence_id = {eid}",
+    )
     if not repeated:
         con.execute(f"DROP TABLE {keys}")
         return None

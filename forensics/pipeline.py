@@ -65,7 +65,7 @@ def evidence_problems(con: duckdb.DuckDBPyConnection) -> list[str]:
     """One line per file or pattern of the case database that did not load whole."""
     from forensics.status import evidence_outcomes
 
-    return [o.problem_line for o in evidence_outcomes(con) if o.outcome != "loaded"]
+    return [o.problem_line for o in evidence_outcomes(con) if o.problem_line is not None]
 
 
 def report_case(

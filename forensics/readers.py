@@ -503,7 +503,7 @@ def _read_csv(
         reason = f"malformed CSV row: expected {expected} fields, found {actual}"
         source.early_rejects.append((number, None, reason, text))
     damage = salvaged[-1].salvage.damage if salvaged else None
-    if damage is not None:
+    if salvaged and damage is not None:
         # Records are numbered among data rows, good and malformed alike; the record the
         # damage cut would have been the next one. It was read, so it is counted as a reject.
         complete = good + len(bad)

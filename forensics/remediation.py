@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from forensics.sql import scalar
+
 if TYPE_CHECKING:
     import duckdb
 
@@ -88,9 +90,9 @@ def pool_fixed_at(
 def remediation_status(con: duckdb.DuckDBPyConnection, case: Case) -> Remediation:
     """State whether and when the cause was fixed (see the module docstring)."""
     # TIMESTAMPTZ values come back aware, in the connection's UTC zone.
-    last = con.execute(
-        "SELECT max(received_at) FROM findings_affected WHERE notified_verdict(verdict)"
-    ).fetchone()[0]
+    last = scalar(
+        con, "SELECT max(received_at) FROM findings_affected WHERE notified_verdict(verdict)"
+    )
     marked = [ev for ev in case.timeline if ev.fix]
     pool_at, still = pool_fixed_at(con, case.context_length)
     if marked:

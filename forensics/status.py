@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from forensics.sql import first_row
+
 if TYPE_CHECKING:
     import duckdb
 
@@ -297,10 +299,11 @@ class Duplicates:
 
 def duplicate_rejects(con: duckdb.DuckDBPyConnection, limit: int = 50) -> Duplicates:
     """How many rows were rejected as duplicates, and the conflicting ones first in file order."""
-    exact, conflicting = con.execute(
+    exact, conflicting = first_row(
+        con,
         f"SELECT count(*) FILTER (WHERE starts_with(reason, '{EXACT_DUPLICATE}:')), "
-        f"count(*) FILTER (WHERE starts_with(reason, '{CONFLICTING_DUPLICATE}:')) FROM rejects"
-    ).fetchone()
+        f"count(*) FILTER (WHERE starts_with(reason, '{CONFLICTING_DUPLICATE}:')) FROM rejects",
+    )
     shown = con.execute(
         "SELECT e.kind, r.path, r.source_row, r.reason FROM rejects r "
         "JOIN evidence e USING (evidence_id) "

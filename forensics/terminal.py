@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from types import TracebackType
+
     from rich.console import Console
     from rich.text import Text
 
@@ -234,8 +236,13 @@ class Steps:
         self.task = self.progress.add_task("Starting", total=None, count="")
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.progress.__exit__(*exc)
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.progress.__exit__(kind, value, tb)
 
     def file(self, label: str, done: int, total: int) -> None:
         """Ingest progress: file N of M (M when known) and its bytes."""

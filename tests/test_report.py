@@ -871,3 +871,25 @@ def test_findings_are_written_as_parquet_beside_the_csvs(report):
         o["path"] for o in json.loads((report["out"] / "manifest.json").read_text())["outputs"]
     }
     assert "findings/findings_exposures.parquet" in listed
+
+
+def test_methodology_shows_each_case_level_tunable_with_its_default(tmp_path):
+    from forensics.parameters import PARAMETERS
+
+    case, con = build(
+        tmp_path / "case", extra_facts={"parameters": {"exploitation_high_points": 2.0}}
+    )
+    out = tmp_path / "out"
+    write_report(con, case, out)
+    con.close()
+    head, rows = (
+        parse((out / "report.html").read_text(encoding="utf-8")).by_id("table-tuning").table()
+    )
+    assert head == ["Parameter", "Used by", "Meaning", "Value", "Default"]
+    assert [r[0] for r in rows] == list(PARAMETERS)
+    by_name = {r[0]: r for r in rows}
+    assert by_name["exploitation_high_points"][3:] == ["2.0 (set)", "1.5"]
+    assert by_name["exploitation_min_attempts"][3:] == ["3", "3"]
+    markdown = (out / "report.md").read_text(encoding="utf-8")
+    assert "| `exploitation_high_points` | exploitation |" in markdown
+    assert "| 2.0 (set) | 1.5 |" in markdown

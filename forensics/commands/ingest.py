@@ -14,13 +14,16 @@ from forensics.schema import KINDS
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.text import Text
 
     from forensics.ingest import IngestResult, StatusReport
 
-Kind = StrEnum("Kind", {k: k for k in KINDS})
+# Choices built from the data they list; mypy cannot see members of an enum made this way.
+Kind = StrEnum("Kind", {k: k for k in KINDS})  # type: ignore[misc]
 # The formats ingest reads today (the manifest also names adapters still to come): anything
 # else is a usage error that lists these.
-Format = StrEnum("Format", {f: f for f in SUPPORTED_FORMATS})
+Format = StrEnum("Format", {f: f for f in SUPPORTED_FORMATS})  # type: ignore[misc]
+DEFAULT_FORMAT = Format("canonical")
 
 
 def is_case(target: str) -> bool:
@@ -62,7 +65,7 @@ def ingest(
         show_default=False,
     ),
     fmt: Format = typer.Option(
-        Format.canonical, "--format", help="Evidence format of the files (with a database only)."
+        DEFAULT_FORMAT, "--format", help="Evidence format of the files (with a database only)."
     ),
     timezone: str = typer.Option(
         "UTC",
@@ -166,8 +169,8 @@ def _summary(console: Console, result: IngestResult, where: Path) -> None:
         counts = (f"{f.rows_read:,}", f"{f.rows_loaded:,}", f"{f.rows_rejected:,}")
         grid.add_row(f.path, f.kind, *counts, status)
     for failure in result.failures:
-        status = "NO FILE" if failure.outcome == "missing" else "FAILED"
-        grid.add_row(failure.path, failure.kind, "-", "-", "-", styled((status, "red")))
+        failed = "NO FILE" if failure.outcome == "missing" else "FAILED"
+        grid.add_row(failure.path, failure.kind, "-", "-", "-", styled((failed, "red")))
     grid.print(console)
     # Problems are named only when there are some, so a clean ingest reads as it always has.
     more = ""
@@ -327,7 +330,8 @@ def _print_status(console: Console, report: StatusReport, where: Path) -> None:
     ]
     files = Grid(title, columns)
     for f in report.files:
-        cells = [f.path, f.kind] + ([f.format] if len(formats) > 1 else [])
+        cells: list[str | Text] = [f.path, f.kind]
+        cells += [f.format] if len(formats) > 1 else []
         outcome = styled((f.outcome, "red")) if f.outcome == "partial" else styled(f.outcome)
         cells += [
             f.sha256[:12],

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from forensics.report.data import NOTIFIED, iso, utc
+from forensics.sql import scalar
 from forensics.verdicts import NOTIFIED_CONFIDENCES
 
 if TYPE_CHECKING:
@@ -145,13 +146,13 @@ def affected_over_time(data: ReportData) -> Chart:
     end = max([utc(data.window.get("end")) or rows[-1]["received_at"], rows[-1]["received_at"]])
     size, label = _bucket(end - start)
     epoch = start.replace(hour=0, minute=0, second=0, microsecond=0)
-    counts: dict[tuple[str, str], int] = {}
+    counts: dict[tuple[datetime, str], int] = {}
     for a in rows:
         slot = epoch + size * ((a["received_at"] - epoch) // size)
-        key = (iso(slot), _category(a))
+        key = (slot, _category(a))
         counts[key] = counts.get(key, 0) + 1
     values = [
-        {"bucket": b, "end": iso(utc(b) + size), "verdict": v, "rank": _RANK[v], "responses": n}
+        {"bucket": iso(b), "end": iso(b + size), "verdict": v, "rank": _RANK[v], "responses": n}
         for (b, v), n in sorted(counts.items())
     ]
     verdicts = [v for v in VERDICT_COLORS if any(r["verdict"] == v for r in values)]
@@ -273,13 +274,13 @@ def tokens_vs_ttft(con: duckdb.DuckDBPyConnection, data: ReportData) -> Chart:
                     WHERE {in_view}
                       AND r.request_id NOT IN (SELECT request_id FROM findings_affected)"""
     n_flagged, n_plain = (
-        con.execute(f"SELECT count(*) {flagged_sql}", args).fetchone()[0],
-        con.execute(f"SELECT count(*) {plain_sql}", args).fetchone()[0],
+        scalar(con, f"SELECT count(*) {flagged_sql}", args),
+        scalar(con, f"SELECT count(*) {plain_sql}", args),
     )
     beyond = (
-        con.execute(
-            f"SELECT count(*) FROM requests r WHERE {usable} AND r.prompt_tokens >= $ctx", args
-        ).fetchone()[0]
+        scalar(
+            con, f"SELECT count(*) FROM requests r WHERE {usable} AND r.prompt_tokens >= $ctx", args
+        )
         if ctx
         else 0
     )
@@ -459,7 +460,7 @@ def per_rank(data: ReportData) -> Chart:
             sources.setdefault(where[e["recipient_request_id"]], set()).add(e["source_request_id"])
     source_values = [{"place": n, "sources": len(s)} for n, s in sorted(sources.items())]
     verdicts = [v for v in VERDICT_COLORS if any(r["verdict"] == v for r in victims)]
-    places = sorted({r["place"] for r in victims} | set(sources))
+    places: list[str] = sorted({str(r["place"]) for r in victims} | set(sources))
     height = max(60, 22 * len(places))
     stack_max = max(_stack_totals(victims, "place").values())
     left = (

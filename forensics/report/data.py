@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from forensics.report.redact import Redactor
+from forensics.sql import first_row, scalar
 from forensics.status import evidence_outcomes
 from forensics.verdicts import NOTIFIED_CONFIDENCES, NOTIFIED_VERDICTS
 
@@ -135,6 +136,8 @@ class ReportData:
     incomplete_evidence: list[dict] = field(default_factory=list)
     # Rejected rows by reason and the duplicates among them (see _data_quality).
     quality: dict[str, Any] = field(default_factory=dict)
+    # The case-level tunables (forensics.parameters) with the value used and the default.
+    tuning: list[dict] = field(default_factory=list)
 
     @property
     def incomplete_evidence_summary(self) -> str:
@@ -155,6 +158,24 @@ class ReportData:
         return "".join(parts)
 
     summary: dict[str, Any] = field(default_factory=dict)
+
+
+def _tuning(used: dict[str, Any]) -> list[dict]:
+    """Each case-level tunable with the value detection used and its default (detector
+    parameters are shown with their detector)."""
+    from forensics.parameters import PARAMETERS
+
+    return [
+        {
+            "name": p.name,
+            "owner": p.owner,
+            "value": used.get(p.name, p.default),
+            "default": p.default,
+            "changed": p.name in used and used[p.name] != p.default,
+            "description": p.description,
+        }
+        for p in PARAMETERS.values()
+    ]
 
 
 def all_tenant_ids(con: duckdb.DuckDBPyConnection) -> set[str]:
@@ -182,10 +203,11 @@ def generation_time(
     for candidate in (as_of, case.as_of, case.end):
         if candidate is not None:
             return utc(candidate)
-    row = con.execute(
+    row = first_row(
+        con,
         "SELECT greatest(max(last_at), (SELECT max(received_at) FROM findings_affected)) "
-        "FROM evidence"
-    ).fetchone()
+        "FROM evidence",
+    )
     return utc(row[0]) if row and row[0] is not None else None
 
 
@@ -335,7 +357,9 @@ def load_report_data(
     incomplete = [
         dict(
             ev,
-            limits=EVIDENCE_LIMITS.get(ev["kind"], "conclusions drawn from it may be incomplete"),
+            limits=EVIDENCE_LIMITS.get(
+                str(ev["kind"]), "conclusions drawn from it may be incomplete"
+            ),
         )
         for ev in evidence
         if ev["outcome"] != "loaded"
@@ -350,7 +374,8 @@ def load_report_data(
         {str(k): int(v) for k, v in sorted(methods.items())} if isinstance(methods, dict) else {}
     )
     window = _window(facts.get("window"), case)
-    expl = facts.get("exploitation") if isinstance(facts.get("exploitation"), dict) else {}
+    stated = facts.get("exploitation")
+    expl: dict[str, Any] = stated if isinstance(stated, dict) else {}
     expl_summary = {
         "conclusion": tx(str(expl.get("conclusion") or "No exploitation assessment was made.")),
         "level": str(expl.get("level") or "none"),
@@ -378,11 +403,13 @@ def load_report_data(
         window=window,
         exploitation_summary=expl_summary,
         coverage_summary=_coverage_summary(facts.get("coverage")),
+        tuning=_tuning(facts.get("parameters") or {}),
         fix=_fix(con, case, tx),
-        customer_tenants=con.execute(
+        customer_tenants=scalar(
+            con,
             """SELECT count(DISTINCT tenant_id) FROM requests
-               WHERE request_id NOT IN (SELECT request_id FROM findings_excluded)"""
-        ).fetchone()[0],
+               WHERE request_id NOT IN (SELECT request_id FROM findings_excluded)""",
+        ),
         basis=_basis(facts.get("evidence_basis"), tx),
         incomplete_evidence=incomplete,
         quality=_data_quality(con, case.folder, tx),
@@ -544,7 +571,7 @@ def _timeline(con: duckdb.DuckDBPyConnection, case: Case, affected: list[dict]) 
             }
         )
     source_order = {"manifest": 0, "findings": 1, "pool snapshots": 2}
-    events.sort(key=lambda e: (e["at"], source_order[e["source"]], e["event"]))
+    events.sort(key=lambda e: (e["at"], source_order[str(e["source"])], e["event"]))
     return events
 
 

@@ -72,7 +72,7 @@ class Redactor:
 
     def tenant(self, tenant_id: str | None) -> str | None:
         """The pseudonym of an identifier field (unchanged when not redacting)."""
-        if tenant_id is None or not self.active:
+        if tenant_id is None or self.key is None:
             return tenant_id
         return self._map.get(tenant_id) or pseudonym(tenant_id, self.key)
 

@@ -134,8 +134,8 @@ def simulate_case(
     rid_rank[np.lexsort((lo, hi))] = np.arange(n)
     # Hex of the big-endian halves, cut into 32-character ids without a Python loop.
     halves = np.stack([hi, lo], axis=1).astype(">u8")
-    rid = np.frombuffer(halves.tobytes().hex().encode("ascii"), dtype="S32")
-    if len(np.unique(rid)) != n:
+    raw_ids = np.frombuffer(halves.tobytes().hex().encode("ascii"), dtype="S32")
+    if len(np.unique(raw_ids)) != n:
         raise ForensicsError("simulate: request id collision; choose another seed")
 
     # --- fleet: routing, code paths, durations ------------------------------------------
@@ -205,7 +205,7 @@ def simulate_case(
         + pl_.reply
     )
 
-    names = _Names(cfg, tenants, rid)
+    names = _Names(cfg, tenants, raw_ids)
     rid = names.rid
     out.mkdir(parents=True, exist_ok=True)
     (out / "evidence").mkdir(exist_ok=True)

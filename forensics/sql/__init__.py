@@ -41,3 +41,30 @@ def run_sql_file(
     """Run a SQL file of this folder (by name, e.g. ``"prepare.sql"``) or at a path."""
     path = SQL_DIR / name if isinstance(name, str) else name
     run_sql(con, path.read_text(encoding="utf-8"), values)
+
+
+def first_row(
+    con: duckdb.DuckDBPyConnection, query: str, values: dict[str, Any] | list | None = None
+) -> tuple:
+    """The first row of a query that always returns one (an aggregate, ``nextval``).
+
+    >>> import duckdb
+    >>> first_row(duckdb.connect(), "SELECT 1, 'a'")
+    (1, 'a')
+    """
+    row = con.execute(query, values).fetchone()
+    if row is None:  # an aggregate always returns a row: this is a bug in the query
+        raise RuntimeError(f"query returned no row: {query.strip().splitlines()[0]}")
+    return row
+
+
+def scalar(
+    con: duckdb.DuckDBPyConnection, query: str, values: dict[str, Any] | list | None = None
+) -> Any:
+    """The single value of a query that always returns one row.
+
+    >>> import duckdb
+    >>> scalar(duckdb.connect(), "SELECT count(*) FROM range(5)")
+    5
+    """
+    return first_row(con, query, values)[0]
