@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import socket
-import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any
 
 from forensics import __version__
@@ -68,6 +66,8 @@ def check_base_url(value: str) -> str:
 
 def describe(exc: BaseException, timeout: float) -> str:
     """One short reason for a failed exchange, the way an operator would say it."""
+    import urllib.error
+
     if isinstance(exc, urllib.error.HTTPError):
         return f"HTTP {exc.code} {exc.reason}".rstrip()
     if isinstance(exc, urllib.error.URLError):
@@ -92,6 +92,10 @@ def open_url(url: str, timeout: float, body: dict[str, Any] | None = None):
     Raises:
         EndpointError: nothing came back (timeout, refused connection, unknown host).
     """
+    # Imported here: urllib.request pulls in ssl and http.client, and --help must stay instant.
+    import urllib.error
+    import urllib.request
+
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, method="GET" if data is None else "POST")
     request.add_header("User-Agent", USER_AGENT)

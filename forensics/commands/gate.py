@@ -15,6 +15,18 @@ if TYPE_CHECKING:
 JSON_OPT = typer.Option(False, "--json", help="Print JSON for pipelines (shape in the README).")
 
 
+def context_length_option(help: str):
+    """``--context-length N``: the context the platform advertises (gate and canary)."""
+    return typer.Option(None, "--context-length", metavar="N", min=1, help=help, show_default=False)
+
+
+def timeout_option(default: float, what: str):
+    """``--timeout SECONDS``: how long to wait for an engine (gate and canary)."""
+    return typer.Option(
+        default, "--timeout", metavar="SECONDS", min=0.1, help=f"How long to wait for {what}."
+    )
+
+
 def _check_source(value: list[str]) -> list[str]:
     from forensics.endpoint import check_base_url, is_url
 
@@ -32,7 +44,8 @@ def _check_source(value: list[str]) -> list[str]:
     return value
 
 
-def _check_base_url(value: str) -> str:
+def check_base_url_option(value: str) -> str:
+    """An engine base URL option or argument; anything else is a usage error."""
     from forensics.endpoint import check_base_url
 
     try:
@@ -70,13 +83,8 @@ def gate(
         "server_info JSON files.",
         show_default=False,
     ),
-    context_length: int | None = typer.Option(
-        None,
-        "--context-length",
-        metavar="N",
-        min=1,
-        help="The context the platform advertises for the model (default: each engine's own).",
-        show_default=False,
+    context_length: int | None = context_length_option(
+        "The context the platform advertises for the model (default: each engine's own)."
     ),
     case_path: Path | None = typer.Option(
         None,
@@ -85,9 +93,7 @@ def gate(
         help="Take the advertised context from a case manifest's [incident].context_length.",
         show_default=False,
     ),
-    timeout: float = typer.Option(
-        10.0, "--timeout", metavar="SECONDS", min=0.1, help="How long to wait for each engine."
-    ),
+    timeout: float = timeout_option(10.0, "each engine"),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Before deploy: check engines against the advertised context; exit 1 on any failure.
