@@ -313,16 +313,21 @@ def send(base_url: str, model: str, probe: Probe, timeout: float) -> None:
             if isinstance(event.get("error"), dict | str):
                 # Some servers report a failure inside a 200 stream.
                 error = event["error"]
-                probe.error = error.get("message", str(error)) if isinstance(error, dict) else error
+                message = error.get("message") if isinstance(error, dict) else error
+                probe.error = message if isinstance(message, str) else json.dumps(error)
                 continue
-            probe.response_id = probe.response_id or event.get("id")
-            for choice in event.get("choices") or []:
-                delta = choice.get("delta") or choice.get("message") or {}
-                text = delta.get("content") or ""
+            if isinstance(event.get("id"), str):
+                probe.response_id = probe.response_id or event["id"]
+            choices = event.get("choices")
+            for choice in choices if isinstance(choices, list) else []:
+                if not isinstance(choice, dict):
+                    continue
+                text = _choice_text(choice)
                 if text and probe.ttft_ms is None:
                     probe.ttft_ms = (time.monotonic() - start) * 1000
                 parts.append(text)
-                probe.finish_reason = choice.get("finish_reason") or probe.finish_reason
+                if isinstance(choice.get("finish_reason"), str):
+                    probe.finish_reason = choice["finish_reason"]
             usage = event.get("usage")
             if isinstance(usage, dict):
                 probe.prompt_tokens = _count(usage.get("prompt_tokens"))
@@ -334,6 +339,16 @@ def send(base_url: str, model: str, probe: Probe, timeout: float) -> None:
     probe.e2e_ms = (time.monotonic() - start) * 1000
     probe.reply = "".join(parts)
     probe.markers_seen = sorted(set(MARKER.findall(probe.reply)))
+
+
+def _choice_text(choice: dict[str, Any]) -> str:
+    """The text one streamed choice carries. A reasoning model streams its thinking first:
+    that is its first token, and a foreign marker can show there as well as in the answer."""
+    delta = choice.get("delta") or choice.get("message") or {}
+    if not isinstance(delta, dict):
+        return ""
+    parts = (delta.get("reasoning_content"), delta.get("content"))
+    return "".join(p for p in parts if isinstance(p, str))
 
 
 def _count(value: Any) -> int | None:
@@ -529,6 +544,12 @@ def judge(report: CanaryReport) -> None:
                 report.leaks.append(Leak(probe, by_marker.get(marker), marker))
         if probe.answered and probe.tokens >= report.limit_tokens:
             report.over_limit_answered.append(probe)
+        elif probe.error and probe.http_status is not None and 200 <= probe.http_status < 300:
+            # Nothing was answered, but a client that checks the status saw success.
+            report.warnings.append(
+                f"{probe.request_id} ({probe.kind}, {probe.tokens:,} tokens) was refused inside "
+                f"an HTTP {probe.http_status} stream rather than with a 4xx: {probe.error}"
+            )
         elif not probe.answered and probe.tokens < report.limit_tokens:
             report.warnings.append(
                 f"{probe.request_id} ({probe.kind}, {probe.tokens:,} tokens, under the limit of "

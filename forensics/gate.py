@@ -9,7 +9,8 @@ at start-up from the memory left after the weights, so the check must read the r
 Per node the gate checks what the incident broke:
 
 - ``limit`` (prefill and unified nodes): the limit, as reported or implied by the pool in whole
-  pages, reaches the normal ceiling for the advertised context, ``context - 6``.
+  pages (the smaller when both are known), reaches the normal ceiling for the advertised
+  context, ``context - 6``.
 - ``decode_pool`` (decode nodes): the pool holds a prompt at that ceiling in whole pages.
 - ``roles``, ``page_size``, ``chunked_prefill``, ``context_length``: the fleet agrees (unified
   and PD nodes are not mixed; one page size; one chunked-prefill size among the nodes that
@@ -352,15 +353,20 @@ def check_limit(node: Node, advertised: int | None) -> None:
         return
     page = node.page_size or _DEFAULT_PAGE
     pool = node.max_total_num_tokens
+    candidates = []
     if node.max_req_input_len is not None:
-        node.limit, said = node.max_req_input_len, "max_req_input_len"
-    elif pool is not None:
-        # What the engine derives from its pool, counting whole pages only.
-        node.limit = default_threshold(pool // page * page, node.context_length or context)
-        said = f"the limit implied by the pool ({pool:,} tokens, page {page})"
-    else:
+        candidates.append((node.max_req_input_len, "max_req_input_len"))
+    if pool is not None:
+        # What the engine derives from its pool, counting whole pages only. The smaller of
+        # the two binds: a prompt the limit lets in still has to fit the pool.
+        implied = default_threshold(pool // page * page, node.context_length or context)
+        candidates.append(
+            (implied, f"the limit implied by the pool ({pool:,} tokens, page {page})")
+        )
+    if not candidates:
         node.check("limit", False, "reports neither max_req_input_len nor max_total_num_tokens")
         return
+    node.limit, said = min(candidates, key=lambda c: c[0])
     if node.limit >= node.ceiling:
         node.check(
             "limit",

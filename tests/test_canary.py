@@ -289,8 +289,8 @@ def test_foreign_marker_from_another_run_and_error_in_stream():
     assert report.outcome(mine) == "LEAK from elsewhere"
     assert report.outcome(broken) == "error in the stream"
     assert report.warnings == [
-        "c-02 (ordinary, 100 tokens, under the limit of 2,000) was not answered: HTTP 200: "
-        "Internal error"
+        "c-02 (ordinary, 100 tokens) was refused inside an HTTP 200 stream rather than with a "
+        "4xx: Internal error"
     ]
     assert not report.passed
 
@@ -298,3 +298,39 @@ def test_foreign_marker_from_another_run_and_error_in_stream():
 def test_prompt_carries_the_marker_first():
     text = prompt("kvcanary-0123456789abcdef", 3)
     assert text.split()[1] == "kvcanary-0123456789abcdef." and text.endswith(" the the the")
+
+
+@pytest.mark.parametrize("style", ["reasoning", "odd"])
+def test_stream_variants_still_find_the_leak(style):
+    with Engine(limit=2000, context=4096, bug=True, stream_style=style) as engine:
+        report = run_canary(engine.url, "tiny", requests=10, rate=20)
+    assert [leak.recipient.kind for leak in report.leaks] == ["at", "over", "near_context"]
+    assert all(p.ttft_ms is not None for p in report.probes)
+    assert all(p.prompt_tokens is not None for p in report.probes if p.answered)
+
+
+def test_refusal_inside_a_200_stream_counts_as_refused():
+    with Engine(limit=2000, context=4096, bug=True, stream_style="error_event") as engine:
+        report = run_canary(engine.url, "tiny", requests=10, rate=20)
+    assert report.passed and not report.leaks
+    over = [p for p in report.probes if p.kind in ("at", "over", "near_context")]
+    assert {report.outcome(p) for p in over} == {"error in the stream"}
+    assert {p.error for p in over} == {"Input length exceeds the maximum allowed length"}
+    assert len(report.warnings) == 3
+    assert report.warnings[0].endswith(
+        "was refused inside an HTTP 200 stream rather than with a 4xx: "
+        "Input length exceeds the maximum allowed length"
+    )
+
+
+def test_prompt_under_the_stated_limit_refused_is_a_warning():
+    with Engine(limit=2000, context=4096) as engine:
+        result = canary(engine.url, "--limit-tokens", "3000", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    (warning,) = [w for w in data["warnings"] if "(under, 2,999 tokens" in w]
+    assert warning.endswith(
+        "under the limit of 3,000) was not answered: HTTP 400: Input length (2999 tokens) exceeds "
+        "the maximum allowed length (2000 tokens). Use a shorter input or enable "
+        "--allow-auto-truncate."
+    )

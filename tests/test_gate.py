@@ -135,10 +135,18 @@ def test_limit_implied_by_the_pool_when_not_reported():
     assert checks(report, "big")["limit"][0] is True
 
 
+def test_limit_reported_but_the_pool_binds():
+    info = doc("prefill-incident.json") | {"max_req_input_len": 1048570, "version": "0.5.22"}
+    ok, why = checks(judge([("n", info)]), "n")["limit"]
+    assert not ok
+    assert why.startswith("the limit implied by the pool (681,280 tokens, page 64) 681,274 is")
+
+
 def test_limit_counts_whole_pages_only():
-    # 1,048,576 + 63 tokens of pool is not one more page: the limit stays pool-bound... by one
-    # token short of a page it still reaches the ceiling; one page less does not.
+    # A pool one token short of 16,385 pages counts as 16,384 whole pages (1,048,576 tokens):
+    # the ceiling is still reached. One token short of 16,384 pages counts as 16,383: it is not.
     info = doc("prefill-pool-only.json") | {"max_total_num_tokens": 1048576 + 64 - 1}
+    assert "max_req_input_len" not in info
     assert checks(judge([("n", info)]), "n")["limit"][0] is True
     info["max_total_num_tokens"] = 1048576 - 1
     ok, why = checks(judge([("n", info)]), "n")["limit"]
@@ -469,3 +477,28 @@ def test_case_without_context_is_a_usage_error(tmp_path):
     result = run(str(DOCS / "prefill-good.json"), "--case", str(manifest))
     assert result.exit_code == 2
     assert "sets no [incident].context_length" in result.output
+
+
+def test_malformed_case_manifest_is_one_line(tmp_path):
+    manifest = tmp_path / "case.toml"
+    manifest.write_text("[incident\n")
+    result = run(str(DOCS / "prefill-good.json"), "--case", str(manifest))
+    assert result.exit_code == 1
+    assert result.output.startswith("Error: ") and len(result.output.strip().splitlines()) == 1
+    assert "Traceback" not in result.output
+
+
+def test_help_lists_both_commands_and_stays_light():
+    import subprocess
+    import sys
+
+    result = runner.invoke(app, ["--help"])
+    assert "gate" in result.output and "canary" in result.output
+    # Registering the commands imports neither the HTTP client nor the checks themselves.
+    code = (
+        "import sys, forensics.cli; "
+        "print(sorted(m for m in ('urllib.request', 'forensics.gate', 'forensics.canary') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
