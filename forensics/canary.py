@@ -508,6 +508,10 @@ def run_canary(
         raise ValueError(f"requests must be {MIN_REQUESTS} to {MAX_REQUESTS}")
     if not 0 < rate <= MAX_RATE:
         raise ValueError(f"rate must be above 0 and at most {MAX_RATE:g} per second")
+    if out is not None:
+        from forensics.files import private_dirs
+
+        private_dirs(out)  # a folder that cannot be made fails before any prompt is sent
     started = (now or datetime.now(UTC)).astimezone(UTC)
     run_id = "canary-" + started.strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
     limit, limit_source, context = resolve_limits(base_url, limit_tokens, context_length, timeout)

@@ -334,3 +334,15 @@ def test_prompt_under_the_stated_limit_refused_is_a_warning():
         "the maximum allowed length (2000 tokens). Use a shorter input or enable "
         "--allow-auto-truncate."
     )
+
+
+def test_out_that_cannot_be_a_folder_is_one_line(tmp_path):
+    blocker = tmp_path / "taken"
+    blocker.write_text("a file")
+    with Engine(limit=2000, context=4096) as engine:
+        result = canary(engine.url, "--out", str(blocker / "runs"))
+        sent = len(engine.config.seen)
+    assert result.exit_code == 1 and sent == 0
+    assert (
+        result.output.strip() == f"Error: {blocker}: cannot create the folder (a file has its name)"
+    )
