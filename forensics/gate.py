@@ -103,6 +103,7 @@ class BadRange:
     fixed: str | None
     summary: str
     references: tuple[str, ...] = ()
+    roles: tuple[str, ...] = ()  # the node roles affected; empty: every role
 
     def contains(self, version: str) -> bool:
         key = version_key(version)
@@ -129,10 +130,12 @@ class KnownBad:
     updated: str
     ranges: tuple[BadRange, ...]
 
-    def match(self, engine: str, version: str) -> BadRange | None:
-        """The first range holding this release of this engine, if any."""
+    def match(self, engine: str, version: str, role: str | None = None) -> BadRange | None:
+        """The first range holding this release of this engine, for a node of this role."""
         for bad in self.ranges:
-            if bad.engine == engine and bad.contains(version):
+            if bad.engine != engine or (bad.roles and role not in bad.roles):
+                continue
+            if bad.contains(version):
                 return bad
         return None
 
@@ -176,7 +179,12 @@ def load_known_bad(path: Path | None = None) -> KnownBad:
         refs = entry.get("references", [])
         if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
             raise ForensicsError(f"{where}: `references` must be a list of strings")
-        ranges.append(BadRange(fixed=fixed, references=tuple(refs), **values))
+        roles = entry.get("roles", [])
+        if not isinstance(roles, list) or not set(roles) <= set(ROLES.values()):
+            raise ForensicsError(
+                f"{where}: `roles` must be a list of {', '.join(sorted(set(ROLES.values())))}"
+            )
+        ranges.append(BadRange(fixed=fixed, references=tuple(refs), roles=tuple(roles), **values))
     return KnownBad(path=path, updated=str(data.get("updated", "unknown")), ranges=tuple(ranges))
 
 
@@ -427,7 +435,7 @@ def check_version(node: Node, known_bad: KnownBad) -> None:
         )
         return
     try:
-        bad = known_bad.match(ENGINE, node.version)
+        bad = known_bad.match(ENGINE, node.version, node.role)
     except ValueError:
         node.check(
             "version",
@@ -440,7 +448,8 @@ def check_version(node: Node, known_bad: KnownBad) -> None:
         node.check(
             "version",
             True,
-            f"{ENGINE} {node.version} is in no known-bad range (list updated {known_bad.updated})",
+            f"{ENGINE} {node.version} is in no known-bad range for a {node.role} node "
+            f"(list updated {known_bad.updated})",
         )
         return
     upgrade = f"; run {bad.fixed} or later" if bad.fixed else "; no fixed release yet"

@@ -286,6 +286,20 @@ def test_version_against_the_known_bad_list(version, bad):
         assert why.endswith("it admits prompts it rejected; run 0.5.22 or later")
 
 
+def test_version_range_limited_to_pd_roles():
+    # The hole is in the PD admission queues: an affected release serving without
+    # disaggregation is not in the range; as a decode node it is.
+    unified = doc("unified.json") | {"version": "0.5.19"}
+    ok, why = checks(judge([("u", unified)]), "u")["version"]
+    assert (
+        ok
+        and why
+        == "sglang 0.5.19 is in no known-bad range for a unified node (list updated 2026-09-15)"
+    )
+    decode = doc("decode-good.json") | {"version": "0.5.19"}
+    assert checks(judge([("d", decode)]), "d")["version"][0] is False
+
+
 def test_version_missing_or_unparseable_fails_closed():
     info = doc("prefill-good.json")
     del info["version"]
@@ -340,6 +354,10 @@ def test_known_bad_list_is_data(tmp_path):
             "`references` must be a list of strings",
         ),
         ("range = [", "not valid TOML"),
+        (
+            "[[range]]\nengine='e'\nid='i'\nintroduced='0'\nsummary='s'\nroles=['gpu']\n",
+            "`roles` must be a list of decode, prefill, unified",
+        ),
     ],
 )
 def test_known_bad_list_errors_name_the_file_and_key(tmp_path, text, message):
