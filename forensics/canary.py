@@ -64,8 +64,6 @@ NEAR_CONTEXT_MARGIN = REPLY_TOKENS + 16
 # canary's own shortest ordinary prompt and half the limit when those are smaller.
 TTFT_DETECTOR = "latency_too_good"
 
-KINDS = ("calibration", "ordinary", "under", "at", "over", "near_context")
-
 
 @dataclass
 class Probe:
@@ -421,18 +419,25 @@ def resolve_limits(
 
 
 def calibrate(
-    base_url: str, model: str, run_id: str, timeout: float, pace: Callable[[], None]
-) -> tuple[Sizing, list[Probe]]:
+    base_url: str,
+    model: str,
+    run_id: str,
+    timeout: float,
+    pace: Callable[[], None],
+    sent: list[Probe],
+) -> Sizing:
     """Two short prompts whose reported sizes give the endpoint's token cost of a prompt.
+    Each is added to ``sent`` once it has been answered, whatever the answer.
 
     Raises:
         ForensicsError: a calibration prompt was not answered, or without usage.
     """
-    probes = []
+    probes: list[Probe] = []
     for words in CALIBRATION_WORDS:
-        probe = Probe(f"{run_id}-{len(probes) + 1:02d}", "calibration", 0, _marker(), words)
+        probe = Probe(f"{run_id}-{len(sent) + 1:02d}", "calibration", 0, _marker(), words)
         pace()
         send(base_url, model, probe, timeout)
+        sent.append(probe)
         url = join(base_url, CHAT_PATH)
         if not probe.answered:
             status = f"HTTP {probe.http_status}" if probe.http_status else "no answer"
@@ -452,7 +457,7 @@ def calibrate(
             join(base_url, CHAT_PATH),
             f"prompt_tokens did not grow with the prompt ({t1} then {t2}); cannot size prompts",
         )
-    return Sizing(overhead=t1 - w1 * per_word, per_word=per_word), probes
+    return Sizing(overhead=t1 - w1 * per_word, per_word=per_word)
 
 
 def _marker() -> str:
@@ -518,8 +523,7 @@ def run_canary(
     report = CanaryReport(base_url, model, limit, limit_source, context, probes=[])
     pace = _Pacer(rate)
     try:
-        sizing, calibration = calibrate(base_url, model, run_id, timeout, pace)
-        report.probes += calibration
+        sizing = calibrate(base_url, model, run_id, timeout, pace, report.probes)
         for kind, target in plan_targets(requests, limit, context):
             number = len(report.probes) + 1
             probe = Probe(f"{run_id}-{number:02d}", kind, target, _marker(), 0)

@@ -202,6 +202,17 @@ def test_behind_a_gateway_without_server_info():
             "('this is not a server-sent event stream')",
         ),
         (
+            {"report_limit": False},
+            [],
+            "/get_server_info: reports no max_req_input_len; give the limit with --limit-tokens",
+        ),
+        (
+            {"usage_tokens": 40},
+            [],
+            "/v1/chat/completions: prompt_tokens did not grow with the prompt (40 then 40); "
+            "cannot size prompts",
+        ),
+        (
             {"no_usage": True},
             [],
             "/v1/chat/completions: reports no usage.prompt_tokens, so prompts cannot be sized",
@@ -224,6 +235,18 @@ def test_connection_refused():
     result = canary(url)
     assert result.exit_code == 1
     assert result.output.strip() == f"Error: {url}/get_server_info: connection refused"
+
+
+def test_calibration_records_are_kept_when_it_fails(tmp_path):
+    with Engine(usage_tokens=40) as engine:
+        result = canary(engine.url, "--out", str(tmp_path))
+    assert result.exit_code == 1
+    (records,) = tmp_path.glob("canary-*.jsonl")
+    rows = [json.loads(line) for line in records.read_text().splitlines()]
+    assert [(r["canary_kind"], r["prompt_tokens"]) for r in rows] == [
+        ("calibration", 40),
+        ("calibration", 40),
+    ]
 
 
 def test_records_gathered_before_a_failure_are_kept(tmp_path):
