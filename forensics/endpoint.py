@@ -19,6 +19,8 @@ from forensics.errors import ForensicsError
 USER_AGENT = f"kv-forensics/{__version__}"
 # How much of an unexpected body an error line quotes: enough to recognise it, not a page.
 _QUOTE = 80
+# A server_info document or an error body is kilobytes; anything far larger is not one.
+MAX_BODY = 16 * 2**20
 
 
 class EndpointError(ForensicsError):
@@ -111,13 +113,21 @@ def open_url(url: str, timeout: float, body: dict[str, Any] | None = None):
 
 
 def read_body(response, url: str, timeout: float) -> bytes:
-    """The whole body of a response, with read failures as one line naming ``url``."""
+    """The whole body of a response, with read failures as one line naming ``url``.
+
+    Raises:
+        EndpointError: the read failed, or the body is larger than any document the checks
+            read (a misrouted download must not fill the memory of a deploy runner).
+    """
     try:
-        return response.read()
+        body = response.read(MAX_BODY + 1)
     except (OSError, ValueError) as exc:
         raise EndpointError(url, describe(exc, timeout)) from None
     finally:
         response.close()
+    if len(body) > MAX_BODY:
+        raise EndpointError(url, f"answer larger than {MAX_BODY // 2**20} MiB")
+    return body
 
 
 def get_json(url: str, timeout: float) -> dict[str, Any]:

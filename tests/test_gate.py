@@ -441,6 +441,7 @@ def test_live_engine_fixed_passes():
         ("500", "/get_server_info: HTTP 500 Internal Server Error"),
         ("not_json", "/get_server_info: not JSON ('<html><body>maintenance</body></html>')"),
         ("hang", "/get_server_info: timed out after 0.3 s"),
+        ("huge", "/get_server_info: answer larger than 16 MiB"),
     ],
 )
 def test_unreadable_endpoint_is_a_failing_node(fail, reason):
@@ -520,3 +521,13 @@ def test_help_lists_both_commands_and_stays_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_hostile_values_are_shown_never_obeyed(tmp_path):
+    path = tmp_path / "n.json"
+    info = doc("prefill-good.json") | {"version": "0.5.22\x1b[2J[red]x"}
+    path.write_text(json.dumps(info))
+    result = run(str(path))
+    assert result.exit_code == 1
+    assert "\x1b" not in result.output
+    assert "engine version '0.5.22\\x1b[2J[red]x' is no release number" in result.output
