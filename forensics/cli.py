@@ -146,6 +146,7 @@ def _register_commands() -> None:
         importlib.import_module(f"forensics.commands.{mod}")
     # Help lists them in the order a responder uses them: the main job first.
     order = ("run", "ingest", "status", "detect", "explain", "report", "sql", "simulate")
+    order += ("gate", "canary")  # then prevention: before deploy, every hour
 
     def place(command: Any) -> int:
         name = command.name or command.callback.__name__

@@ -143,7 +143,7 @@ class KnownBad:
 def load_known_bad(path: Path | None = None) -> KnownBad:
     """Read the known-bad list (the packaged one unless ``path`` is given).
 
-    >>> load_known_bad().match("sglang", "0.5.11").id
+    >>> load_known_bad().match("sglang", "0.5.11", "prefill").id
     'pd-rejected-prompt-admitted'
 
     Raises:

@@ -85,12 +85,13 @@ def canary(
     timeout: float = timeout_option(300.0, "each answer"),
     as_json: bool = JSON_OPT,
 ) -> None:
-    """Every hour: marker prompts around the limit; exit 1 on a leak or an over-limit 200.
+    """Every hour: marker prompts around the limit, looking for leaks.
 
     Prompts carry unique markers and straddle the input limit (just under, at, just over,
     near the context) among ordinary lengths. A reply holding another request's marker is a
     leak; a prompt at or over the limit must be refused (4xx); a first token impossibly fast
-    for the prompt's length is flagged (the case detector latency_too_good).
+    for the prompt's length is flagged (the case detector latency_too_good). Exit 1 on a
+    leak or an over-limit prompt answered.
     """
     from forensics.canary import run_canary
 

@@ -96,11 +96,11 @@ def gate(
     timeout: float = timeout_option(10.0, "each engine"),
     as_json: bool = JSON_OPT,
 ) -> None:
-    """Before deploy: check engines against the advertised context; exit 1 on any failure.
+    """Before deploy: check engines against the advertised context.
 
     Per node: the input limit reaches context - 6 (prefill, unified), the decode pool holds
     it, roles, page size, chunked prefill and context agree across the fleet, and the engine
-    release is not on the known-bad list. An unreadable source fails.
+    release is not on the known-bad list. Exit 1 when any node fails or cannot be read.
     """
     if case_path is not None:
         if context_length is not None:
