@@ -118,6 +118,7 @@ class Probe:
             "user_agent": USER_AGENT,
             "canary_kind": self.kind,
             "target_tokens": self.target_tokens,
+            "filler_words": self.words,
             "prompt_tokens_reported": self.prompt_tokens is not None,
             "marker": self.marker,
             "markers_seen": self.markers_seen,

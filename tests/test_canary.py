@@ -140,6 +140,8 @@ def test_records_are_canonical_requests_a_case_ingests(tmp_path):
     ).fetchall()
     con.close()
     assert {r[1] for r in rows} == {"canary"}
+    sent = [json.loads(line) for line in records.read_text().splitlines()]
+    assert all(r["filler_words"] >= 0 and r["marker"].startswith("kvcanary-") for r in sent)
     at = next(r for r in rows if r[6] == "at")
     assert (at[2], at[3]) == (200, 2000) and at[4] is not None and at[5] is not None
     assert "kvcanary-" in at[7]
@@ -290,6 +292,18 @@ def test_plan_without_a_context_and_at_the_largest_count():
     big = plan_targets(64, 681274, 1048576)
     assert len(big) == 62 and big[-1] == ("ordinary", 340637)
     assert [s for k, s in big if k == "near_context"] == [1048512]
+
+
+@pytest.mark.parametrize("context", [None, 1048576])
+def test_every_straddling_prompt_follows_an_ordinary_one(context):
+    for count in range(10, 65):
+        plan = plan_targets(count, 681274, context)
+        assert len(plan) == count - 2
+        for i, (kind, _) in enumerate(plan):
+            if kind != "ordinary":
+                assert i > 0 and plan[i - 1][0] == "ordinary", (count, plan)
+        sizes = [size for kind, size in plan if kind == "ordinary"]
+        assert sizes == sorted(sizes) and sizes[-1] < 681274 // 2 + 1
 
 
 def test_sizing_never_crosses_the_limit_the_wrong_way():
