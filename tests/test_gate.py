@@ -65,6 +65,31 @@ def test_incident_prefill_fails_with_why():
     assert out.strip().endswith("prefill-incident.json")
 
 
+def test_mixed_fleet_names_each_failing_node_and_why():
+    names = [
+        "prefill-good.json",
+        "decode-good.json",
+        "prefill-drift.json",
+        "unified.json",
+        "decode-small.json",
+        "prefill-pool-only.json",
+    ]
+    result = run(*(str(DOCS / n) for n in names), "--context-length", "1048576", "--json")
+    assert result.exit_code == 1
+    failed = {
+        Path(node["source"]).name: sorted(c["check"] for c in node["checks"] if not c["passed"])
+        for node in json.loads(result.output)["nodes"]
+    }
+    assert failed == {
+        "prefill-good.json": [],
+        "decode-good.json": [],
+        "prefill-drift.json": ["chunked_prefill", "page_size"],
+        "unified.json": ["roles"],
+        "decode-small.json": ["decode_pool"],
+        "prefill-pool-only.json": ["limit"],
+    }
+
+
 def test_json_for_pipelines():
     result = run(str(DOCS / "prefill-incident.json"), str(DOCS / "decode-good.json"), "--json")
     assert result.exit_code == 1
