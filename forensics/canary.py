@@ -42,6 +42,7 @@ from forensics.endpoint import (
     parse_object,
     quote,
     read_body,
+    read_errors,
 )
 from forensics.errors import ForensicsError
 
@@ -331,7 +332,7 @@ def send(base_url: str, model: str, probe: Probe, timeout: float) -> None:
             if isinstance(usage, dict):
                 probe.prompt_tokens = _count(usage.get("prompt_tokens"))
                 probe.completion_tokens = _count(usage.get("completion_tokens"))
-    except (OSError, ValueError) as exc:
+    except read_errors() as exc:
         raise EndpointError(url, describe(exc, timeout)) from None
     finally:
         response.close()

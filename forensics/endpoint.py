@@ -68,12 +68,18 @@ def check_base_url(value: str) -> str:
 
 def describe(exc: BaseException, timeout: float) -> str:
     """One short reason for a failed exchange, the way an operator would say it."""
+    import http.client
     import urllib.error
 
     if isinstance(exc, urllib.error.HTTPError):
         return f"HTTP {exc.code} {exc.reason}".rstrip()
     if isinstance(exc, urllib.error.URLError):
         exc = exc.reason if isinstance(exc.reason, BaseException) else exc
+    if isinstance(exc, http.client.IncompleteRead):
+        expected = len(exc.partial) + (exc.expected or 0)
+        return f"the answer was cut off ({len(exc.partial):,} of {expected:,} bytes)"
+    if isinstance(exc, http.client.RemoteDisconnected):
+        return "the connection closed without an answer"
     if isinstance(exc, TimeoutError | socket.timeout):
         return f"timed out after {timeout:g} s"
     if isinstance(exc, ConnectionRefusedError):
@@ -108,8 +114,15 @@ def open_url(url: str, timeout: float, body: dict[str, Any] | None = None):
         return urllib.request.urlopen(request, timeout=timeout)  # noqa: S310 - http(s) only
     except urllib.error.HTTPError as exc:
         return exc
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+    except (urllib.error.URLError, *read_errors()) as exc:
         raise EndpointError(url, describe(exc, timeout)) from None
+
+
+def read_errors() -> tuple[type[BaseException], ...]:
+    """What reading an answer can raise when the other end misbehaves."""
+    import http.client
+
+    return (OSError, ValueError, http.client.HTTPException)
 
 
 def read_body(response, url: str, timeout: float) -> bytes:
@@ -121,10 +134,16 @@ def read_body(response, url: str, timeout: float) -> bytes:
     """
     try:
         body = response.read(MAX_BODY + 1)
-    except (OSError, ValueError) as exc:
+        # A read of a set size returns what came before the connection closed; the bytes the
+        # server promised and did not send tell a cut-off answer from a short one.
+        missing = getattr(response, "length", None) or 0
+    except read_errors() as exc:
         raise EndpointError(url, describe(exc, timeout)) from None
     finally:
         response.close()
+    if missing > 0 and len(body) <= MAX_BODY:
+        total = len(body) + missing
+        raise EndpointError(url, f"the answer was cut off ({len(body):,} of {total:,} bytes)")
     if len(body) > MAX_BODY:
         raise EndpointError(url, f"answer larger than {MAX_BODY // 2**20} MiB")
     return body

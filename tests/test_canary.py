@@ -204,6 +204,16 @@ def test_behind_a_gateway_without_server_info():
             "('this is not a server-sent event stream')",
         ),
         (
+            {"fail": "close"},
+            ["--limit-tokens", "2000", "--context-length", "4096"],
+            "/v1/chat/completions: the connection closed without an answer",
+        ),
+        (
+            {"fail": "cut"},
+            ["--limit-tokens", "2000", "--context-length", "4096"],
+            "/v1/chat/completions: the answer was cut off",
+        ),
+        (
             {"report_limit": False},
             [],
             "/get_server_info: reports no max_req_input_len; give the limit with --limit-tokens",

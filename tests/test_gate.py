@@ -467,6 +467,8 @@ def test_live_engine_fixed_passes():
         ("not_json", "/get_server_info: not JSON ('<html><body>maintenance</body></html>')"),
         ("hang", "/get_server_info: timed out after 0.3 s"),
         ("huge", "/get_server_info: answer larger than 16 MiB"),
+        ("cut", "/get_server_info: the answer was cut off (10 of 1,000 bytes)"),
+        ("close", "/get_server_info: the connection closed without an answer"),
     ],
 )
 def test_unreadable_endpoint_is_a_failing_node(fail, reason):
