@@ -57,6 +57,8 @@ MARKER = re.compile(r"kvcanary-[0-9a-f]{16}")
 # One filler word: short, common, one token in the usual tokenizers; calibration measures it.
 FILLER = " the"
 CALIBRATION_WORDS = (16, 144)
+# The calibration prompts and the shortest ordinary ones must fit well under the limit.
+MIN_LIMIT = 512
 # The near-context prompt leaves room for the reply and the template within the window.
 NEAR_CONTEXT_MARGIN = REPLY_TOKENS + 16
 # Which detector judges the TTFT, and what the canary changes in it: it sends one prompt per
@@ -417,6 +419,12 @@ def resolve_limits(
     limit = _count(info.get("max_req_input_len"))
     if not limit:
         raise EndpointError(url, "reports no max_req_input_len; give the limit with --limit-tokens")
+    if limit < MIN_LIMIT:
+        raise EndpointError(
+            url,
+            f"max_req_input_len {limit:,} is too small to straddle "
+            f"(the canary needs at least {MIN_LIMIT:,} tokens)",
+        )
     return limit, "/get_server_info", context
 
 
@@ -509,12 +517,14 @@ def run_canary(
     Raises:
         ForensicsError: the endpoint could not be reached, calibrated or read (one line naming
             it). Records gathered before the failure are written first.
-        ValueError: ``requests`` or ``rate`` out of bounds.
+        ValueError: ``requests``, ``rate`` or ``limit_tokens`` out of bounds.
     """
     if not MIN_REQUESTS <= requests <= MAX_REQUESTS:
         raise ValueError(f"requests must be {MIN_REQUESTS} to {MAX_REQUESTS}")
     if not 0 < rate <= MAX_RATE:
         raise ValueError(f"rate must be above 0 and at most {MAX_RATE:g} per second")
+    if limit_tokens is not None and limit_tokens < MIN_LIMIT:
+        raise ValueError(f"limit_tokens must be at least {MIN_LIMIT}")
     if out is not None:
         from forensics.files import private_dirs
 

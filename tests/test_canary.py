@@ -225,6 +225,12 @@ def test_behind_a_gateway_without_server_info():
             "cannot size prompts",
         ),
         (
+            {"limit": 100},
+            [],
+            "/get_server_info: max_req_input_len 100 is too small to straddle "
+            "(the canary needs at least 512 tokens)",
+        ),
+        (
             {"no_usage": True},
             [],
             "/v1/chat/completions: reports no usage.prompt_tokens, so prompts cannot be sized",
@@ -282,7 +288,10 @@ def test_records_gathered_before_a_failure_are_kept(tmp_path):
         (["canary", "http://h:1", "--model", "m", "--requests", "65"], "not in the range 10 to 64"),
         (["canary", "http://h:1", "--model", "m", "--rate", "0"], "not above 0 and at most 20"),
         (["canary", "http://h:1", "--model", "m", "--rate", "21"], "not above 0 and at most 20"),
-        (["canary", "http://h:1", "--model", "m", "--limit-tokens", "0"], "--limit-tokens"),
+        (
+            ["canary", "http://h:1", "--model", "m", "--limit-tokens", "511"],
+            "511 is below the smallest limit the canary straddles, 512",
+        ),
         (["canary", "http://h:1", "--model", "m", "--timeout", "0"], "--timeout"),
     ],
 )

@@ -36,6 +36,17 @@ def _check_rate(value: float) -> float:
     return value
 
 
+def _check_limit(value: int | None) -> int | None:
+    from forensics.canary import MIN_LIMIT
+
+    if value is not None and value < MIN_LIMIT:
+        # Calibration and the shortest ordinary prompts must fit well under the limit.
+        raise typer.BadParameter(
+            f"{value} is below the smallest limit the canary straddles, {MIN_LIMIT}"
+        )
+    return value
+
+
 @app.command()
 @handle_errors
 def canary(
@@ -61,7 +72,7 @@ def canary(
         None,
         "--limit-tokens",
         metavar="N",
-        min=1,
+        callback=_check_limit,
         help="The input limit to straddle (default: max_req_input_len from /get_server_info).",
         show_default=False,
     ),
