@@ -10,12 +10,23 @@ from __future__ import annotations
 from typing import Any
 
 from forensics.app import app
-from forensics.commands import detect, ingest, report, simulate, sql  # noqa: F401 - registers
+from forensics.commands import (  # noqa: F401 - importing a command module registers it
+    canary,
+    detect,
+    gate,
+    ingest,
+    report,
+    simulate,
+    sql,
+)
 
 __all__ = ["app", "main"]
 
 # Help lists the commands in the order a responder uses them: the main job first.
-ORDER = ("run", "ingest", "status", "detect", "explain", "report", "sql", "simulate")
+ORDER = (
+    *("run", "ingest", "status", "detect", "explain", "report", "sql", "simulate"),
+    *("gate", "canary"),  # then prevention: before deploy, every hour
+)
 
 
 def _place(command: Any) -> int:

@@ -9,10 +9,11 @@ named parameters; the description shown in reports is rendered from the same val
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from forensics.detectors import VERDICT_RULES, Detector, load_detectors, query_set_hash
 from forensics.progress import StepProgress
@@ -25,6 +26,10 @@ if TYPE_CHECKING:
     from forensics.case import Case
 
 
+@overload
+def default_threshold(pool_tokens: int, context_length: int | None) -> int: ...
+@overload
+def default_threshold(pool_tokens: None, context_length: int | None) -> None: ...
 def default_threshold(pool_tokens: int | None, context_length: int | None) -> int | None:
     """SGLang's max_req_input_len for a pool, by the one rule of ``sql/rules.sql``.
 
@@ -33,19 +38,22 @@ def default_threshold(pool_tokens: int | None, context_length: int | None) -> in
     >>> default_threshold(None, 1048576) is None
     True
     """
-    from forensics.db import connect
-
     if pool_tokens is None:
         return None
-    con = connect(":memory:")
-    try:
-        return scalar(
-            con,
-            "SELECT sglang_input_limit($pool::BIGINT, $ctx::BIGINT)",
-            {"pool": pool_tokens, "ctx": context_length},
-        )
-    finally:
-        con.close()
+    return scalar(
+        _rules(),
+        "SELECT sglang_input_limit($pool::BIGINT, $ctx::BIGINT)",
+        {"pool": pool_tokens, "ctx": context_length},
+    )
+
+
+@functools.cache
+def _rules() -> duckdb.DuckDBPyConnection:
+    """An in-memory connection holding the shared rules, for Python callers (the gate checks a
+    fleet node by node; one connection serves them all)."""
+    from forensics.db import connect
+
+    return connect(":memory:")
 
 
 def case_parameters(case: Case) -> dict[str, Any]:
