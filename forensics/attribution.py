@@ -20,15 +20,69 @@ its reservation keeps the earlier writer's content and can leak it again to a la
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from forensics.verdicts import CONFIDENCE_ORDER, NOTIFIED_VERDICTS, sql_list
+from forensics.verdicts import CONFIDENCE_ORDER
 
 if TYPE_CHECKING:
     import duckdb
     import numpy as np
 
     from forensics.progress import StepProgress
+
+
+class Victim(NamedTuple):
+    """A notified affected response and where it took its decode pages."""
+
+    request_id: str
+    tenant_id: str | None
+    node: str | None  # from the decode timeline (engine leg or client record)
+    dp_rank: int | None
+    alloc_at: datetime | None
+    source_table: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    decode_node: str | None  # from the verdict row, when the timeline has none
+
+
+class TimelineRow(NamedTuple):
+    """One request of a decode rank's timeline, as the replay walks it."""
+
+    request_id: str
+    tenant_id: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    source_table: str
+    free_at: datetime | None
+    client_record: bool
+
+
+class Exposure(NamedTuple):
+    """One source an affected response read (a row of findings_exposures, before exclusion
+    marks)."""
+
+    recipient_request_id: str
+    recipient_tenant_id: str | None
+    source_request_id: str
+    source_tenant_id: str | None
+    method: str
+    tokens: int
+    confidence: str
+    rank: int | None
+    source_released_at: datetime | None
+
+
+class AttributionStatus(NamedTuple):
+    """How completely one affected response's sources are known (findings_attribution)."""
+
+    recipient_request_id: str
+    node: str | None
+    dp_rank: int | None
+    method: str | None
+    status: str
+    unknown_pages: int
+    note: str | None
 
 
 @dataclass
@@ -166,18 +220,21 @@ def attribute(
     con.execute(FINDINGS_DDL["findings_attribution"])
     run_sql_file(con, "timeline.sql")
     result = AttributionResult()
-    victims = con.execute(
-        f"""SELECT a.request_id, a.tenant_id, t.node, t.dp_rank, t.alloc_at, t.source_table,
-                  t.prompt_tokens, t.completion_tokens, a.decode_node
-           FROM findings_affected a
-           LEFT JOIN decode_timeline t ON t.request_id = a.request_id
-           WHERE a.verdict IN {sql_list(NOTIFIED_VERDICTS)}
-           ORDER BY a.request_id"""
-    ).fetchall()
+    victims = [
+        Victim(*row)
+        for row in con.execute(
+            """SELECT a.request_id, a.tenant_id, t.node, t.dp_rank, t.alloc_at, t.source_table,
+                      t.prompt_tokens, t.completion_tokens, a.decode_node
+               FROM findings_affected a
+               LEFT JOIN decode_timeline t ON t.request_id = a.request_id
+               WHERE notified_verdict(a.verdict)
+               ORDER BY a.request_id"""
+        ).fetchall()
+    ]
     if not victims:
         return result
-    statuses: list[tuple] = []
-    no_node = [v for v in victims if v[2] is None and v[8] is None]
+    statuses: list[AttributionStatus] = []
+    no_node = [v for v in victims if v.node is None and v.decode_node is None]
     if no_node:
         result.warnings.append(
             (
@@ -187,15 +244,16 @@ def attribute(
             )
         )
         statuses += [
-            (v[0], None, None, None, "none", 0, "no decode node recorded") for v in no_node
+            AttributionStatus(v.request_id, None, None, None, "none", 0, "no decode node recorded")
+            for v in no_node
         ]
-    groups: dict[tuple, list] = {}
+    groups: dict[tuple[str, int | None], list[Victim]] = {}
     for v in victims:
-        node = v[2] or v[8]
+        node = v.node or v.decode_node
         if node is not None:
-            groups.setdefault((node, v[3]), []).append(v)
+            groups.setdefault((node, v.dp_rank), []).append(v)
 
-    rows: list[tuple] = []
+    rows: list[Exposure] = []
     temporal_victims: list[str] = []  # no page-level method: every candidate tier
     drifted_victims: list[str] = []  # a replay that drifted: recent releases only
     ordered = sorted(groups.items(), key=lambda g: (g[0][0], g[0][1] or -1))
@@ -205,29 +263,42 @@ def attribute(
             where = node if rank is None else f"{node} rank {rank}"
             progress(f"Attribution: {_DOING[method]} {where}", done, len(ordered))
         if method == "temporal":
-            temporal_victims += [m[0] for m in members]
+            temporal_victims += [m.request_id for m in members]
             if why:
                 result.warnings.append(("temporal_fallback", f"{node} rank {rank}: {why}"))
-            statuses += [(m[0], node, rank, "temporal", "candidates", 0, why) for m in members]
+            statuses += [
+                AttributionStatus(m.request_id, node, rank, "temporal", "candidates", 0, why)
+                for m in members
+            ]
             continue
         replayed, per_victim, warning = _replay(con, node, rank, members, method)
         rows += replayed
         if warning:
             result.warnings.append(("replay_drift", f"{node} rank {rank}: {warning}"))
         for m in members:
-            st = per_victim.get(m[0])
+            st = per_victim.get(m.request_id)
             if st is None:
                 statuses.append(
-                    (m[0], node, rank, method, "none", 0, "no allocation found in the replay")
+                    AttributionStatus(
+                        m.request_id,
+                        node,
+                        rank,
+                        method,
+                        "none",
+                        0,
+                        "no allocation found in the replay",
+                    )
                 )
-                temporal_victims.append(m[0])
+                temporal_victims.append(m.request_id)
             elif st.drifted:
                 # The pool had drifted: page choice may be off, so tenants named only by
                 # proximity in time are added as candidates for review.
                 statuses.append(
-                    (m[0], node, rank, method, "approximate", st.unknown_pages, warning)
+                    AttributionStatus(
+                        m.request_id, node, rank, method, "approximate", st.unknown_pages, warning
+                    )
                 )
-                drifted_victims.append(m[0])
+                drifted_victims.append(m.request_id)
             else:
                 note = (
                     f"{st.unknown_pages:,} stale pages were last written before the replayed"
@@ -236,7 +307,11 @@ def attribute(
                     else None
                 )
                 status = "partial" if st.unknown_pages else "complete"
-                statuses.append((m[0], node, rank, method, status, st.unknown_pages, note))
+                statuses.append(
+                    AttributionStatus(
+                        m.request_id, node, rank, method, status, st.unknown_pages, note
+                    )
+                )
     if rows:
         _insert_exposures(con, rows)
     if temporal_victims:
@@ -254,7 +329,7 @@ def attribute(
     return result
 
 
-def _choose_method(con, node: str, rank, members: list) -> tuple[str, str | None]:
+def _choose_method(con, node: str, rank, members: list[Victim]) -> tuple[str, str | None]:
     """allocation_log where the node has one, else allocator_replay where the pool is known."""
     has_log = con.execute(
         """SELECT count(*) FROM kv_allocations
@@ -284,15 +359,22 @@ _GROUP = "node = $node AND (dp_rank = $rank OR ($rank IS NULL AND dp_rank IS NUL
 
 
 def _replay(
-    con, node: str, rank, members: list, method: str
-) -> tuple[list[tuple], dict[str, VictimStatus], str | None]:
+    con, node: str, rank, members: list[Victim], method: str
+) -> tuple[list[Exposure], dict[str, VictimStatus], str | None]:
     """Replay one decode rank's pool; return exposure rows, each victim's status, a warning.
 
-    DuckDB builds and orders the event list (pool starts, frees, allocations); Python only walks
-    it, so the cost is one pass over the rank's requests.
+    DuckDB builds and orders the event list (:func:`_replay_events`); Python only walks it
+    (:func:`_walk`), so the cost is one pass over the rank's requests.
     """
-    import numpy as np
+    timeline, events = _replay_events(con, node, rank, method)
+    return _walk(timeline, events, {m.request_id: m for m in members}, method)
 
+
+def _replay_events(con, node: str, rank, method: str) -> tuple[list[TimelineRow], list[tuple]]:
+    """The rank's requests in allocation order, and its events in engine order: at one instant
+    a pool (re)start first, then frees, then allocations, each in request-id order. Each event
+    is ``(kind, request_id, timeline index, pool_tokens, page_size, first pages, counts)``,
+    kind 0 a pool start, 1 a free, 2 an allocation."""
     args = {"node": node, "rank": rank}
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE replay_rows AS
@@ -300,13 +382,14 @@ def _replay(
             FROM decode_timeline WHERE {_GROUP} AND alloc_at IS NOT NULL""",
         args,
     )
-    timeline = con.execute(
-        """SELECT request_id, tenant_id, prompt_tokens, completion_tokens, source_table, free_at,
-                  client_record
-           FROM replay_rows ORDER BY idx"""
-    ).fetchall()
-    # Events in engine order: at one instant a pool (re)start first, then frees, then
-    # allocations, each in request-id order.
+    timeline = [
+        TimelineRow(*row)
+        for row in con.execute(
+            """SELECT request_id, tenant_id, prompt_tokens, completion_tokens, source_table,
+                      free_at, client_record
+               FROM replay_rows ORDER BY idx"""
+        ).fetchall()
+    ]
     starts = """SELECT epoch_us(observed_at) AS us, 0 AS kind, NULL::VARCHAR AS rid,
                        NULL::BIGINT AS idx, pool_tokens, page_size,
                        NULL::BIGINT[] AS firsts, NULL::BIGINT[] AS counts
@@ -331,12 +414,23 @@ def _replay(
         f"UNION ALL {moves}) ORDER BY us, kind, rid NULLS FIRST",
         args if method == "allocation_log" else {"node": node},
     ).fetchall()
+    return timeline, events
 
-    victims = {m[0]: m for m in members}
+
+def _walk(
+    timeline: list[TimelineRow],
+    events: list[tuple],
+    victims: dict[str, Victim],
+    method: str,
+) -> tuple[list[Exposure], dict[str, VictimStatus], str | None]:
+    """Walk a rank's events through the replayed pool: who wrote each page, what each victim
+    read, and whether the replay had drifted from the logs by then."""
+    import numpy as np
+
     statuses: dict[str, VictimStatus] = {}
     pool: PagePool | None = None
     page_size = 1
-    exposures: list[tuple] = []
+    exposures: list[Exposure] = []
     shortfalls = guesses = 0
     for kind, rid, i, pool_tokens, new_page_size, firsts, counts in events:
         if kind == 0:
@@ -366,8 +460,8 @@ def _replay(
         elif i is not None:
             row = timeline[i]
             short_before = pool.shortfalls
-            pages = pool.alloc(rid, _ceil_div(row[2] + row[3], page_size))
-            if not row[6]:
+            pages = pool.alloc(rid, _ceil_div(row.prompt_tokens + row.completion_tokens, page_size))
+            if not row.client_record:
                 # No client record: its generated tokens, and so its allocation size, are a
                 # guess; every later page choice on this pool may be shifted by it.
                 pool.guesses += 1
@@ -379,25 +473,25 @@ def _replay(
         if rid in victims:
             row = timeline[i]
             drifted = method != "allocation_log" and (drifted_before or own_short)
-            status = VictimStatus(
+            statuses[rid] = VictimStatus(
                 drifted=drifted,
-                unknown_pages=unknown_stale_pages(pool, pages, row[2], page_size),
+                unknown_pages=unknown_stale_pages(pool, pages, row.prompt_tokens, page_size),
             )
-            statuses[rid] = status
-            confidence = _confidence(method, row[4], drifted)
-            for writer, n in stale_read(pool, pages, i, row[2], row[3], page_size).items():
+            confidence = _confidence(method, row.source_table, drifted)
+            read = stale_read(pool, pages, i, row.prompt_tokens, row.completion_tokens, page_size)
+            for writer, n in read.items():
                 src = timeline[writer]
                 exposures.append(
-                    (
+                    Exposure(
                         rid,
-                        victims[rid][1],
-                        src[0],
-                        src[1],
+                        victims[rid].tenant_id,
+                        src.request_id,
+                        src.tenant_id,
                         method,
                         n * page_size,
                         confidence,
                         None,
-                        src[5],
+                        src.free_at,
                     )
                 )
         else:
@@ -419,7 +513,7 @@ def _replay(
             f"{guesses} decode legs have no client record (tenant and generated tokens"
             " unknown), so the replayed pool is approximate" + (f"; {warning}" if warning else "")
         )
-    exposures.sort(key=lambda e: (e[0], -e[5], e[2]))
+    exposures.sort(key=lambda e: (e.recipient_request_id, -e.tokens, e.source_request_id))
     return exposures, statuses, warning
 
 
@@ -435,21 +529,11 @@ def unknown_stale_pages(pool: PagePool, pages: np.ndarray, prompt_tokens: int, p
     return int((pool.writer[stale] < 0).sum())
 
 
-def _insert_exposures(con, rows: list[tuple]) -> None:
+def _insert_exposures(con, rows: list[Exposure]) -> None:
     """Bulk insert through Arrow (row-by-row inserts cost seconds per thousand rows)."""
     import pyarrow as pa
 
-    names = [
-        "recipient_request_id",
-        "recipient_tenant_id",
-        "source_request_id",
-        "source_tenant_id",
-        "method",
-        "tokens",
-        "confidence",
-        "rank",
-        "source_released_at",
-    ]
+    names = Exposure._fields
     exposure_rows = pa.table({n: [r[i] for r in rows] for i, n in enumerate(names)})  # noqa: F841
     con.execute(
         """INSERT INTO findings_exposures
@@ -475,10 +559,10 @@ def _confidence(method: str, source_table: str, drifted: bool = False) -> str:
     return base
 
 
-def _insert_statuses(con, rows: list[tuple]) -> None:
+def _insert_statuses(con, rows: list[AttributionStatus]) -> None:
     import pyarrow as pa
 
-    names = ["recipient_request_id", "node", "dp_rank", "method", "status", "unknown_pages", "note"]
+    names = AttributionStatus._fields
     status_rows = pa.table({n: [r[i] for r in rows] for i, n in enumerate(names)})  # noqa: F841
     con.execute(
         """INSERT INTO findings_attribution

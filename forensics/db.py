@@ -85,10 +85,25 @@ def connect(
     if not read_only:
         for stmt in all_ddl():
             con.execute(stmt)
+    install_macros(con)
+    return con
+
+
+def install_macros(con: duckdb.DuckDBPyConnection) -> None:
+    """Create the shared rules (the verdict vocabulary and ``sql/rules.sql``) on a connection;
+    they are temporary, so every connection and cursor needs its own."""
     for macro in vocabulary_macros():
         con.execute(macro)
     run_sql_file(con, "rules.sql")
-    return con
+
+
+def cursor(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """A second connection to the same case database, with the shared rules, for a result
+    that streams while the first connection runs other queries."""
+    dup = con.cursor()
+    dup.execute("SET TimeZone = 'UTC'")
+    install_macros(dup)
+    return dup
 
 
 @contextmanager

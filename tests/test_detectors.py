@@ -32,8 +32,13 @@ def test_metadata_is_complete(det):
     assert det.output_columns == SIGNAL_COLUMNS
     expects = [bool(t["expect"]) for t in det.tests]
     assert True in expects and False in expects, "needs a true-positive and a true-negative case"
-    # Every $parameter the SQL uses is declared (and so appears in the report's description).
-    used = set(re.findall(r"\$([a-z_]+)", det.sql))
+    # Every $parameter the SQL uses is declared (and so appears in the report's description),
+    # as DuckDB's parser names them.
+    import duckdb
+
+    used = set().union(
+        *(st.named_parameters for st in duckdb.connect().extract_statements(det.sql))
+    )
     assert used == set(det.parameters), f"SQL uses {used}, metadata declares {set(det.parameters)}"
 
 

@@ -116,3 +116,51 @@ def test_fix_status_comes_from_a_marked_event_else_the_pool_snapshots(tmp_path):
     assert "| Cause fixed | 1 September 2026, 16:30 UTC | Basis: Engine patch deployed." in summary
     summary = (tmp_path / "a" / "out" / "report.md").read_text()
     assert "| Cause fixed | not shown by the logs |" in summary
+
+
+def test_all_letters_come_from_one_query_per_part_and_match_one_letter_at_a_time(
+    tmp_path, monkeypatch
+):
+    """Every tenant's context, built from the queries over all tenants (streamed a row at a
+    time here, so every batch boundary is crossed), equals the one built for that tenant
+    alone; and the number of queries does not grow with the number of tenants."""
+    from forensics.report import notices
+    from forensics.scope import load_scope
+
+    case, con = build(tmp_path / "case")
+    scope = load_scope(con)
+    alone = {t: notices.notice_context(con, scope, t) for t in scope.tenants}
+    monkeypatch.setattr(notices, "BATCH_ROWS", 1)
+    together = dict(notices.notice_contexts(con, scope))
+    assert list(together) == sorted(scope.tenants)
+    assert together == alone
+    for tenant, ctx in together.items():
+        assert ctx["tenant"]["id"] == tenant
+        rows = (ctx["recipient"] or {}).get("requests", []) + (ctx["source"] or {}).get(
+            "requests", []
+        )
+        assert all("tenant_id" not in r for r in rows)
+
+    queries: list[str] = []
+
+    class Counting:
+        def __init__(self, real):
+            self.real = real
+
+        def execute(self, *args, **kwargs):
+            queries.append(args[0])
+            return self.real.execute(*args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(self.real, name)
+
+    from forensics import db
+
+    real_cursor = db.cursor
+    monkeypatch.setattr(db, "cursor", lambda c: Counting(real_cursor(c.real)))
+    list(notices.notice_contexts(Counting(con), scope))
+    several = len(queries)
+    queries.clear()
+    list(notices.notice_contexts(Counting(con), scope, scope.tenants[:1]))
+    assert len(queries) == several  # one query per part, for one tenant or for all
+    con.close()

@@ -238,150 +238,13 @@ def load_report_data(
     Returns:
         The report data, lists sorted on total keys.
     """
-    t, tx = red.tenant, red.text
-
-    affected = _rows(
-        con,
-        """SELECT request_id, tenant_id, received_at, prompt_tokens, threshold_tokens, verdict,
-                  signals, excluded_by, model, prefill_node, decode_node, dp_rank
-           FROM findings_affected ORDER BY received_at, request_id""",
-    )
-    for a in affected:
-        a["tenant_id"] = t(a["tenant_id"])
-        a["received_at"] = utc(a["received_at"])
-
-    exposures = _rows(
-        con,
-        """SELECT e.recipient_request_id, e.recipient_tenant_id, e.source_request_id,
-                  e.source_tenant_id, e.method, e.tokens, e.confidence, e.rank,
-                  e.recipient_excluded_by, e.source_excluded_by, a.received_at AS recipient_at
-           FROM findings_exposures e
-           LEFT JOIN (SELECT request_id, min(received_at) AS received_at
-                      FROM findings_affected GROUP BY request_id) a
-             ON a.request_id = e.recipient_request_id
-           ORDER BY a.received_at NULLS LAST, e.recipient_request_id, e.method,
-                    e.rank NULLS LAST, e.source_request_id, e.source_tenant_id, e.tokens""",
-    )
-    for e in exposures:
-        e["recipient_tenant_id"] = t(e["recipient_tenant_id"])
-        e["source_tenant_id"] = t(e["source_tenant_id"])
-
-    notifications = _rows(
-        con,
-        """SELECT tenant_id, role, responses, first_at, last_at, confidence
-           FROM findings_notifications""",
-    )
-    for n in notifications:
-        n["tenant_id"] = t(n["tenant_id"])
-    # Sort after redaction: pseudonyms must not leak the order of the real ids.
-    notifications.sort(key=lambda n: (n["tenant_id"], n["role"]))
-
-    review = _rows(
-        con,
-        """SELECT tenant_id, role, responses, first_at, last_at, confidence, reason, evidence
-           FROM findings_review""",
-    )
-    for r in review:
-        r["tenant_id"] = t(r["tenant_id"]) if r["tenant_id"] is not None else None
-        r["reason"], r["evidence"] = tx(r["reason"]), tx(r["evidence"])
-    review.sort(key=lambda r: (r["tenant_id"] is not None, r["tenant_id"] or "", r["role"]))
-
-    detectors = _rows(
-        con,
-        """SELECT detector_id, title, severity, description, parameters, hits
-           FROM findings_detectors ORDER BY ordinal NULLS LAST, detector_id""",
-    )
-    for d in detectors:
-        params = _json(d["parameters"], {})
-        d["parameters"] = {k: params[k] for k in sorted(params)} if isinstance(params, dict) else {}
-        d["description"] = tx(d["description"])
-        d["hits"] = d["hits"] or 0
-
-    exclusions = _rows(
-        con,
-        """SELECT name, reason, rule, requests_matched, affected_matched, tenants_matched
-           FROM findings_exclusions ORDER BY ordinal NULLS LAST, name""",
-    )
-    for x in exclusions:
-        x["rule"] = tx(x["rule"])
-        x["reason"] = tx(x["reason"])
-
-    exploitation = _rows(
-        con,
-        """SELECT tenant_id, score, level, reasons, over_threshold_attempts,
-                  affected_responses, excluded_by
-           FROM findings_exploitation""",
-    )
-    for x in exploitation:
-        x["tenant_id"] = t(x["tenant_id"])
-        reasons = _json(x["reasons"], [])
-        x["reasons"] = [tx(str(r)) for r in (reasons if isinstance(reasons, list) else [reasons])]
-        x["score"] = float(x["score"] or 0.0)
-    exploitation.sort(key=lambda x: (-x["score"], x["tenant_id"] or ""))
-
-    coverage = _rows(
-        con,
-        """SELECT scope, node, rows, first_at, last_at, gap_count, largest_gap_s, detail
-           FROM findings_coverage ORDER BY scope, node NULLS FIRST, first_at""",
-    )
-    for c in coverage:
-        c["detail"] = tx(c["detail"])
-
-    warnings = _rows(con, "SELECT code, message FROM findings_warnings ORDER BY code, message")
-    for w in warnings:
-        w["message"] = tx(w["message"])
-
-    evidence = [
-        {
-            "path": _display_path(o.path, case.folder),
-            "sha256": o.sha256,
-            "bytes": o.bytes,
-            "kind": o.kind,
-            "format": o.format,
-            "rows_read": o.rows_read,
-            "rows_loaded": o.rows_loaded,
-            "rows_rejected": o.rows_rejected,
-            "first_at": o.first_at,
-            "last_at": o.last_at,
-            "outcome": o.outcome,
-            # A decoder's or parser's words may quote the file's content.
-            "reason": tx(o.reason),
-            "rows_lost": o.rows_lost,
-            "entry": o.entry,
-        }
-        for o in evidence_outcomes(con)
-    ]
-    # Display paths can differ from the recorded ones: sort again, keeping the library's order
-    # among equals (sorted() is stable).
-    evidence.sort(key=lambda ev: (ev["path"], ev["sha256"] or ""))
-    incomplete = [
-        dict(
-            ev,
-            limits=EVIDENCE_LIMITS.get(
-                str(ev["kind"]), "conclusions drawn from it may be incomplete"
-            ),
-        )
-        for ev in evidence
-        if ev["outcome"] != "loaded"
-    ]
-
-    facts = {
-        r["key"]: _json(r["value"], None)
-        for r in _rows(con, "SELECT key, value FROM findings_case ORDER BY key")
-    }
-    methods = facts.get("attribution_methods") or {}
-    methods = (
-        {str(k): int(v) for k, v in sorted(methods.items())} if isinstance(methods, dict) else {}
-    )
-    window = _window(facts.get("window"), case)
-    stated = facts.get("exploitation")
-    expl: dict[str, Any] = stated if isinstance(stated, dict) else {}
-    expl_summary = {
-        "conclusion": tx(str(expl.get("conclusion") or "No exploitation assessment was made.")),
-        "level": str(expl.get("level") or "none"),
-        "basis": [tx(str(b)) for b in (expl.get("basis") or [])],
-    }
-
+    tx = red.text
+    affected, exposures = _findings(con, red)
+    notifications, review = _scope(con, red)
+    detectors, exclusions, coverage, warnings = _method(con, tx)
+    exploitation = _exploitation(con, red)
+    evidence, incomplete = _evidence(con, case, tx)
+    facts, methods, window, expl_summary = _facts(con, case, tx)
     data = ReportData(
         case_id=case.id,
         title=tx(case.title) or "",
@@ -416,6 +279,176 @@ def load_report_data(
     )
     data.summary = _summary(data)
     return data
+
+
+def _findings(con: duckdb.DuckDBPyConnection, red: Redactor) -> tuple[list[dict], list[dict]]:
+    """The affected responses and the exposures, tenant ids redacted."""
+    t = red.tenant
+    affected = _rows(
+        con,
+        """SELECT request_id, tenant_id, received_at, prompt_tokens, threshold_tokens, verdict,
+                  signals, excluded_by, model, prefill_node, decode_node, dp_rank
+           FROM findings_affected ORDER BY received_at, request_id""",
+    )
+    for a in affected:
+        a["tenant_id"] = t(a["tenant_id"])
+        a["received_at"] = utc(a["received_at"])
+
+    exposures = _rows(
+        con,
+        """SELECT e.recipient_request_id, e.recipient_tenant_id, e.source_request_id,
+                  e.source_tenant_id, e.method, e.tokens, e.confidence, e.rank,
+                  e.recipient_excluded_by, e.source_excluded_by, a.received_at AS recipient_at
+           FROM findings_exposures e
+           LEFT JOIN (SELECT request_id, min(received_at) AS received_at
+                      FROM findings_affected GROUP BY request_id) a
+             ON a.request_id = e.recipient_request_id
+           ORDER BY a.received_at NULLS LAST, e.recipient_request_id, e.method,
+                    e.rank NULLS LAST, e.source_request_id, e.source_tenant_id, e.tokens""",
+    )
+    for e in exposures:
+        e["recipient_tenant_id"] = t(e["recipient_tenant_id"])
+        e["source_tenant_id"] = t(e["source_tenant_id"])
+    return affected, exposures
+
+
+def _scope(con: duckdb.DuckDBPyConnection, red: Redactor) -> tuple[list[dict], list[dict]]:
+    """Who is notified and who is reviewed, in a stable order after redaction."""
+    t, tx = red.tenant, red.text
+    notifications = _rows(
+        con,
+        """SELECT tenant_id, role, responses, first_at, last_at, confidence
+           FROM findings_notifications""",
+    )
+    for n in notifications:
+        n["tenant_id"] = t(n["tenant_id"])
+    # Sort after redaction: pseudonyms must not leak the order of the real ids.
+    notifications.sort(key=lambda n: (n["tenant_id"], n["role"]))
+
+    review = _rows(
+        con,
+        """SELECT tenant_id, role, responses, first_at, last_at, confidence, reason, evidence
+           FROM findings_review""",
+    )
+    for r in review:
+        r["tenant_id"] = t(r["tenant_id"]) if r["tenant_id"] is not None else None
+        r["reason"], r["evidence"] = tx(r["reason"]), tx(r["evidence"])
+    review.sort(key=lambda r: (r["tenant_id"] is not None, r["tenant_id"] or "", r["role"]))
+    return notifications, review
+
+
+def _method(con: duckdb.DuckDBPyConnection, tx) -> tuple[list[dict], ...]:
+    """What ran and how: detectors, exclusion rules, log coverage, warnings."""
+    detectors = _rows(
+        con,
+        """SELECT detector_id, title, severity, description, parameters, hits
+           FROM findings_detectors ORDER BY ordinal NULLS LAST, detector_id""",
+    )
+    for d in detectors:
+        params = _json(d["parameters"], {})
+        d["parameters"] = {k: params[k] for k in sorted(params)} if isinstance(params, dict) else {}
+        d["description"] = tx(d["description"])
+        d["hits"] = d["hits"] or 0
+
+    exclusions = _rows(
+        con,
+        """SELECT name, reason, rule, requests_matched, affected_matched, tenants_matched
+           FROM findings_exclusions ORDER BY ordinal NULLS LAST, name""",
+    )
+    for x in exclusions:
+        x["rule"] = tx(x["rule"])
+        x["reason"] = tx(x["reason"])
+
+    coverage = _rows(
+        con,
+        """SELECT scope, node, rows, first_at, last_at, gap_count, largest_gap_s, detail
+           FROM findings_coverage ORDER BY scope, node NULLS FIRST, first_at""",
+    )
+    for c in coverage:
+        c["detail"] = tx(c["detail"])
+
+    warnings = _rows(con, "SELECT code, message FROM findings_warnings ORDER BY code, message")
+    for w in warnings:
+        w["message"] = tx(w["message"])
+    return detectors, exclusions, coverage, warnings
+
+
+def _exploitation(con: duckdb.DuckDBPyConnection, red: Redactor) -> list[dict]:
+    """The per-tenant exploitation assessment, strongest first."""
+    t, tx = red.tenant, red.text
+    exploitation = _rows(
+        con,
+        """SELECT tenant_id, score, level, reasons, over_threshold_attempts,
+                  affected_responses, excluded_by
+           FROM findings_exploitation""",
+    )
+    for x in exploitation:
+        x["tenant_id"] = t(x["tenant_id"])
+        reasons = _json(x["reasons"], [])
+        x["reasons"] = [tx(str(r)) for r in (reasons if isinstance(reasons, list) else [reasons])]
+        x["score"] = float(x["score"] or 0.0)
+    exploitation.sort(key=lambda x: (-x["score"], x["tenant_id"] or ""))
+    return exploitation
+
+
+def _evidence(con: duckdb.DuckDBPyConnection, case: Case, tx) -> tuple[list[dict], list[dict]]:
+    """Every evidence file with its outcome, and those that did not load whole."""
+    evidence = [
+        {
+            "path": _display_path(o.path, case.folder),
+            "sha256": o.sha256,
+            "bytes": o.bytes,
+            "kind": o.kind,
+            "format": o.format,
+            "rows_read": o.rows_read,
+            "rows_loaded": o.rows_loaded,
+            "rows_rejected": o.rows_rejected,
+            "first_at": o.first_at,
+            "last_at": o.last_at,
+            "outcome": o.outcome,
+            # A decoder's or parser's words may quote the file's content.
+            "reason": tx(o.reason),
+            "rows_lost": o.rows_lost,
+            "entry": o.entry,
+        }
+        for o in evidence_outcomes(con)
+    ]
+    # Display paths can differ from the recorded ones: sort again, keeping the library's order
+    # among equals (sorted() is stable).
+    evidence.sort(key=lambda ev: (ev["path"], ev["sha256"] or ""))
+    incomplete = [
+        dict(
+            ev,
+            limits=EVIDENCE_LIMITS.get(
+                str(ev["kind"]), "conclusions drawn from it may be incomplete"
+            ),
+        )
+        for ev in evidence
+        if ev["outcome"] != "loaded"
+    ]
+    return evidence, incomplete
+
+
+def _facts(con: duckdb.DuckDBPyConnection, case: Case, tx) -> tuple[dict, dict, dict, dict]:
+    """The case-level statements of detection: facts, attribution methods, the window and the
+    exploitation conclusion."""
+    facts = {
+        r["key"]: _json(r["value"], None)
+        for r in _rows(con, "SELECT key, value FROM findings_case ORDER BY key")
+    }
+    methods = facts.get("attribution_methods") or {}
+    methods = (
+        {str(k): int(v) for k, v in sorted(methods.items())} if isinstance(methods, dict) else {}
+    )
+    window = _window(facts.get("window"), case)
+    stated = facts.get("exploitation")
+    expl: dict[str, Any] = stated if isinstance(stated, dict) else {}
+    expl_summary = {
+        "conclusion": tx(str(expl.get("conclusion") or "No exploitation assessment was made.")),
+        "level": str(expl.get("level") or "none"),
+        "basis": [tx(str(b)) for b in (expl.get("basis") or [])],
+    }
+    return facts, methods, window, expl_summary
 
 
 # Conflicting duplicates the report lists one by one; all of them are in the rejects table.

@@ -1,15 +1,18 @@
 """Per-tenant customer notices and their file names.
 
-A notice is built from a query that is filtered to one tenant before anything is rendered: as
-recipient, that tenant's own affected responses; as source, that tenant's own requests whose
-KV was read and how many responses read each - never by whom. Nothing about another tenant
-(id, request id, name) is ever loaded into a notice's context, so no template change can leak it.
+A notice is built from its own tenant's rows only: as recipient, that tenant's own affected
+responses; as source, that tenant's own requests whose KV was read and how many responses read
+each - never by whom. The queries cover every notified tenant at once (one per part of the
+letters, so the cost does not grow with the number of tenants) and never select another
+tenant's id, request id or name beside a tenant's rows; each context takes its own tenant's
+rows from them, so no template change can leak another's.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from forensics.report.data import iso, utc
@@ -18,7 +21,7 @@ from forensics.verdicts import best_confidence
 if TYPE_CHECKING:
     import duckdb
 
-    from forensics.scope import Scope
+    from forensics.scope import Notification, Scope
 
 _UNSAFE = re.compile(r"[^a-z0-9_-]+")
 _MAX_SLUG = 48
@@ -67,16 +70,14 @@ def assign_slugs(tenant_ids: list[str]) -> dict[str, str]:
     return slugs
 
 
-def _one(con: duckdb.DuckDBPyConnection, sql: str, params: list | dict) -> list[dict]:
-    cur = con.execute(sql, params)
-    names = [d[0] for d in cur.description]
-    return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
-
-
 # Rows shown inline in a letter; longer request lists go only into the CSV beside it.
 INLINE_ROWS = 10
 
-# Per affected response of the tenant: whose data it read, by kind of source, at notified
+# The notices' queries each cover every notified tenant at once ($tenants), ordered by tenant:
+# one query per part of the letters, whatever the number of tenants. A letter's context is then
+# built from its own tenant's rows only (_TenantRows), so nothing of another tenant reaches it.
+
+# Per affected response of a recipient: whose data it read, by kind of source, at notified
 # confidences (page-level evidence). "ours" is excluded traffic (researcher, our own tests).
 _RECIPIENT_SQL = """
 WITH reads AS (
@@ -89,36 +90,40 @@ WITH reads AS (
          count(*) FILTER (WHERE e.source_tenant_id = e.recipient_tenant_id) AS own,
          count(*) FILTER (WHERE e.source_tenant_id IS NULL) AS unknown
   FROM findings_exposures e
-  WHERE e.recipient_tenant_id = $tenant AND notified_confidence(e.confidence)
+  WHERE e.recipient_tenant_id IN (SELECT unnest($tenants)) AND notified_confidence(e.confidence)
   GROUP BY e.recipient_request_id
 )
-SELECT a.request_id, a.received_at, a.prompt_tokens, a.verdict,
+SELECT a.tenant_id, a.request_id, a.received_at, a.prompt_tokens, a.verdict,
        CASE WHEN r.customers > 0 OR r.unknown > 0 THEN 'another customer'
             WHEN r.ours > 0 THEN 'non-customer traffic only'
             WHEN r.own > 0 THEN 'your own earlier requests only'
             ELSE 'not determined' END AS data_read
 FROM findings_affected a LEFT JOIN reads r USING (request_id)
-WHERE a.tenant_id = $tenant AND notified_verdict(a.verdict) AND a.excluded_by IS NULL
-ORDER BY a.received_at, a.request_id
+WHERE a.tenant_id IN (SELECT unnest($tenants)) AND notified_verdict(a.verdict)
+  AND a.excluded_by IS NULL
+ORDER BY a.tenant_id, a.received_at, a.request_id
 """
 
-# Per request of the tenant whose data was read: by how many responses, split by who received
-# them. Only the kind of reader is loaded, never which tenant it was.
+# Per request of a source tenant whose data was read: by how many responses, split by who
+# received them. Only the kind of reader is loaded, never which tenant it was.
 _SOURCE_SQL = """
 WITH notified AS (
   SELECT request_id, min(received_at) AS received_at FROM findings_affected
   WHERE notified_verdict(verdict) GROUP BY request_id
 ),
 reads AS (
-  SELECT e.source_request_id, e.recipient_request_id, n.received_at AS read_at, e.confidence,
+  SELECT e.source_tenant_id AS tenant_id, e.source_request_id, e.recipient_request_id,
+         n.received_at AS read_at, e.confidence,
          e.recipient_tenant_id = e.source_tenant_id AS own, e.recipient_excluded_by
   FROM findings_exposures e JOIN notified n ON n.request_id = e.recipient_request_id
-  WHERE e.source_tenant_id = $tenant AND e.source_excluded_by IS NULL
+  WHERE e.source_tenant_id IN (SELECT unnest($tenants)) AND e.source_excluded_by IS NULL
     AND notified_confidence(e.confidence)
+),
+sent AS (
+  SELECT request_id, tenant_id, min(received_at) AS received_at FROM requests
+  WHERE tenant_id IN (SELECT unnest($tenants)) GROUP BY request_id, tenant_id
 )
-SELECT x.source_request_id AS request_id,
-       (SELECT min(q.received_at) FROM requests q
-         WHERE q.request_id = x.source_request_id AND q.tenant_id = $tenant) AS received_at,
+SELECT x.tenant_id, x.source_request_id AS request_id, s.received_at,
        count(DISTINCT recipient_request_id)
          FILTER (WHERE NOT own AND recipient_excluded_by IS NULL) AS read_by_customers,
        count(DISTINCT recipient_request_id)
@@ -128,101 +133,198 @@ SELECT x.source_request_id AS request_id,
        max(read_at) FILTER (WHERE NOT own) AS last_read_at,
        list(DISTINCT confidence) FILTER (WHERE NOT own) AS confidences
 FROM reads x
-GROUP BY x.source_request_id
+LEFT JOIN sent s ON s.request_id = x.source_request_id AND s.tenant_id = x.tenant_id
+GROUP BY x.tenant_id, x.source_request_id, s.received_at
 HAVING count(*) FILTER (WHERE NOT own) > 0
-ORDER BY received_at NULLS LAST, x.source_request_id
+ORDER BY x.tenant_id, s.received_at NULLS LAST, x.source_request_id
 """
 
-# Which excluded traffic read the tenant's data: the rule's reason, never a tenant.
+# Per source tenant: distinct notified responses that read its data, by kind of reader.
+_READERS_SQL = """
+SELECT e.source_tenant_id AS tenant_id,
+       count(DISTINCT e.recipient_request_id)
+         FILTER (WHERE e.recipient_tenant_id IS DISTINCT FROM e.source_tenant_id
+                   AND e.recipient_excluded_by IS NULL) AS customers,
+       count(DISTINCT e.recipient_request_id)
+         FILTER (WHERE e.recipient_tenant_id IS DISTINCT FROM e.source_tenant_id
+                   AND e.recipient_excluded_by IS NOT NULL) AS ours,
+       count(DISTINCT e.recipient_request_id)
+         FILTER (WHERE e.recipient_tenant_id = e.source_tenant_id) AS own
+FROM findings_exposures e
+JOIN findings_affected a ON a.request_id = e.recipient_request_id AND notified_verdict(a.verdict)
+WHERE e.source_tenant_id IN (SELECT unnest($tenants)) AND e.source_excluded_by IS NULL
+  AND notified_confidence(e.confidence)
+GROUP BY e.source_tenant_id
+"""
+
+# Which excluded traffic read a source tenant's data: the rule's reason, never a tenant.
 _EXCLUDED_READERS_SQL = """
-SELECT x.reason, count(DISTINCT e.recipient_request_id) AS responses
+SELECT e.source_tenant_id AS tenant_id, x.reason,
+       count(DISTINCT e.recipient_request_id) AS responses
 FROM findings_exposures e
 JOIN findings_affected a ON a.request_id = e.recipient_request_id AND notified_verdict(a.verdict)
 JOIN findings_exclusions x ON x.name = split_part(e.recipient_excluded_by, ',', 1)
-WHERE e.source_tenant_id = $tenant AND e.source_excluded_by IS NULL
+WHERE e.source_tenant_id IN (SELECT unnest($tenants)) AND e.source_excluded_by IS NULL
   AND e.recipient_excluded_by IS NOT NULL AND notified_confidence(e.confidence)
-GROUP BY x.reason, x.ordinal
-ORDER BY x.ordinal
+GROUP BY e.source_tenant_id, x.reason, x.ordinal
+ORDER BY e.source_tenant_id, x.ordinal
+"""
+
+_PROFILE_SQL = """
+SELECT tenant_id, name, contact FROM tenants WHERE tenant_id IN (SELECT unnest($tenants))
+QUALIFY row_number() OVER (PARTITION BY tenant_id ORDER BY name, contact) = 1
 """
 
 
-def notice_context(con: duckdb.DuckDBPyConnection, scope: Scope, tenant_id: str) -> dict[str, Any]:
-    """Everything one tenant's notice shows, loaded with filters on that tenant only.
+def _rows(cur) -> list[dict]:
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+
+# Rows fetched at a time when the letters' rows stream (memory holds one batch).
+BATCH_ROWS = 10_000
+
+
+class _TenantRows:
+    """One query's rows, ordered by tenant, handed out one tenant at a time.
+
+    The rows stream from their own cursor in batches: memory holds a batch and one tenant's
+    rows, however many tenants and rows the case has.
+    """
+
+    def __init__(self, cur, batch: int | None = None):
+        self._cur, self._batch = cur, batch or BATCH_ROWS
+        self._names = [d[0] for d in cur.description]
+        self._buffer: list[tuple] = []
+        self._done = False
+
+    def _peek(self) -> tuple | None:
+        if not self._buffer and not self._done:
+            self._buffer = list(reversed(self._cur.fetchmany(self._batch)))
+            self._done = not self._buffer
+        return self._buffer[-1] if self._buffer else None
+
+    def take(self, tenant: str) -> list[dict]:
+        """Every row of ``tenant`` without its tenant column (tenants asked for in ascending
+        order)."""
+        out = []
+        while (row := self._peek()) is not None and row[0] <= tenant:
+            self._buffer.pop()
+            if row[0] == tenant:
+                out.append(dict(zip(self._names[1:], row[1:], strict=True)))
+        return out
+
+
+def notice_contexts(
+    con: duckdb.DuckDBPyConnection, scope: Scope, tenants: list[str] | None = None
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every notified tenant's notice context, in tenant order: ``(tenant, context)``.
+
+    Each part of the letters is one query over all the tenants (see above), so the cost does
+    not grow with the number of tenants; each context is built from its own tenant's rows.
 
     Args:
         con: the case database.
         scope: the notification scope (decides the roles).
-        tenant_id: the tenant, unredacted.
+        tenants: only these (default: every notified tenant).
 
-    Returns:
-        A template context: ``tenant``, ``recipient`` (or None) and ``source`` (or None).
-        Each role holds its counts, its ``requests`` (every row, for the CSV) and ``inline``
-        (whether the letter lists them or points to the CSV).
+    Yields:
+        The tenant (unredacted) and its template context: ``tenant``, ``recipient`` (or None)
+        and ``source`` (or None). Each role holds its counts, its ``requests`` (every row, for
+        the CSV) and ``inline`` (whether the letter lists them or points to the CSV).
     """
-    roles = {n.role: n for n in scope.notifications if n.tenant_id == tenant_id}
-    profile = _one(
-        con,
-        "SELECT name, contact FROM tenants WHERE tenant_id = ? ORDER BY name, contact LIMIT 1",
-        [tenant_id],
-    )
-    ctx: dict[str, Any] = {
-        "tenant": {
-            "id": tenant_id,
-            "name": profile[0]["name"] if profile else None,
-            "contact": profile[0]["contact"] if profile else None,
-        },
-        "recipient": None,
-        "source": None,
-    }
-    args = {"tenant": tenant_id}
-    if "recipient" in roles:
-        rows = _one(con, _RECIPIENT_SQL, args)
-        n = roles["recipient"]
-        kinds = {k: sum(1 for r in rows if r["data_read"] == k) for k in _READ_KINDS}
-        ctx["recipient"] = {
-            "responses": n.responses,
-            "first_at": iso(n.first_at),
-            "last_at": iso(n.last_at),
-            "confidence": n.confidence,
-            "foreign": kinds["another customer"],
-            "ours_only": kinds["non-customer traffic only"],
-            "own_only": kinds["your own earlier requests only"],
-            "undetermined": kinds["not determined"],
-            "requests": [{**r, "received_at": iso(r["received_at"])} for r in rows],
-            "inline": len(rows) <= INLINE_ROWS,
-        }
-    if "source" in roles:
-        rows = _one(con, _SOURCE_SQL, args)
-        n = roles["source"]
-        requests = [
-            {
-                "request_id": r["request_id"],
-                "received_at": iso(utc(r["received_at"])),
-                "read_by_customers": r["read_by_customers"],
-                "read_by_ours": r["read_by_ours"],
-                "read_by_own": r["read_by_own"],
-                "first_read_at": iso(r["first_read_at"]),
-                "last_read_at": iso(r["last_read_at"]),
-                "confidence": best_confidence(r["confidences"]),
+    from forensics.db import cursor
+
+    wanted = sorted(set(scope.tenants if tenants is None else tenants))
+    roles: dict[str, dict[str, Notification]] = {}
+    for n in scope.notifications:
+        roles.setdefault(n.tenant_id, {})[n.role] = n
+    args = {"tenants": wanted}
+    profiles = {r["tenant_id"]: r for r in _rows(con.execute(_PROFILE_SQL, args))}
+    readers = {r["tenant_id"]: r for r in _rows(con.execute(_READERS_SQL, args))}
+    excluded: dict[str, list[dict]] = {}
+    for r in _rows(con.execute(_EXCLUDED_READERS_SQL, args)):
+        excluded.setdefault(r.pop("tenant_id"), []).append(r)
+    # Two result sets stream side by side: each needs its own cursor.
+    rec_cur, src_cur = cursor(con), cursor(con)
+    try:
+        recipients = _TenantRows(rec_cur.execute(_RECIPIENT_SQL, args))
+        sources = _TenantRows(src_cur.execute(_SOURCE_SQL, args))
+        for tenant in wanted:
+            own = roles.get(tenant, {})
+            profile = profiles.get(tenant) or {}
+            ctx: dict[str, Any] = {
+                "tenant": {
+                    "id": tenant,
+                    "name": profile.get("name"),
+                    "contact": profile.get("contact"),
+                },
+                "recipient": None,
+                "source": None,
             }
-            for r in rows
-        ]
-        customers = _count_distinct(con, tenant_id, "AND e.recipient_excluded_by IS NULL")
-        ours = _count_distinct(con, tenant_id, "AND e.recipient_excluded_by IS NOT NULL")
-        own = _count_distinct(con, tenant_id, "", own=True)
-        ctx["source"] = {
-            "responses": n.responses,
-            "first_at": iso(n.first_at),
-            "last_at": iso(n.last_at),
-            "confidence": n.confidence,
-            "read_by_customers": customers,
-            "read_by_ours": ours,
-            "read_by_own": own,
-            "excluded_readers": _one(con, _EXCLUDED_READERS_SQL, args),
-            "requests": requests,
-            "inline": len(requests) <= INLINE_ROWS,
+            rec_rows, src_rows = recipients.take(tenant), sources.take(tenant)
+            if "recipient" in own:
+                ctx["recipient"] = _recipient_part(own["recipient"], rec_rows)
+            if "source" in own:
+                counts = readers.get(tenant) or {"customers": 0, "ours": 0, "own": 0}
+                ctx["source"] = _source_part(
+                    own["source"], src_rows, counts, excluded.get(tenant, [])
+                )
+            yield tenant, ctx
+    finally:
+        rec_cur.close()
+        src_cur.close()
+
+
+def notice_context(con: duckdb.DuckDBPyConnection, scope: Scope, tenant_id: str) -> dict[str, Any]:
+    """One tenant's notice context (see :func:`notice_contexts`)."""
+    return next(notice_contexts(con, scope, [tenant_id]))[1]
+
+
+def _recipient_part(n: Notification, rows: list[dict]) -> dict[str, Any]:
+    kinds = {k: sum(1 for r in rows if r["data_read"] == k) for k in _READ_KINDS}
+    return {
+        "responses": n.responses,
+        "first_at": iso(n.first_at),
+        "last_at": iso(n.last_at),
+        "confidence": n.confidence,
+        "foreign": kinds["another customer"],
+        "ours_only": kinds["non-customer traffic only"],
+        "own_only": kinds["your own earlier requests only"],
+        "undetermined": kinds["not determined"],
+        "requests": [{**r, "received_at": iso(r["received_at"])} for r in rows],
+        "inline": len(rows) <= INLINE_ROWS,
+    }
+
+
+def _source_part(
+    n: Notification, rows: list[dict], counts: dict[str, Any], excluded: list[dict]
+) -> dict[str, Any]:
+    requests = [
+        {
+            "request_id": r["request_id"],
+            "received_at": iso(utc(r["received_at"])),
+            "read_by_customers": r["read_by_customers"],
+            "read_by_ours": r["read_by_ours"],
+            "read_by_own": r["read_by_own"],
+            "first_read_at": iso(r["first_read_at"]),
+            "last_read_at": iso(r["last_read_at"]),
+            "confidence": best_confidence(r["confidences"]),
         }
-    return ctx
+        for r in rows
+    ]
+    return {
+        "responses": n.responses,
+        "first_at": iso(n.first_at),
+        "last_at": iso(n.last_at),
+        "confidence": n.confidence,
+        "read_by_customers": counts["customers"],
+        "read_by_ours": counts["ours"],
+        "read_by_own": counts["own"],
+        "excluded_readers": excluded,
+        "requests": requests,
+        "inline": len(requests) <= INLINE_ROWS,
+    }
 
 
 _READ_KINDS = (
@@ -231,24 +333,6 @@ _READ_KINDS = (
     "your own earlier requests only",
     "not determined",
 )
-
-
-def _count_distinct(con, tenant_id: str, extra: str, own: bool = False) -> int:
-    """Distinct notified responses that read this tenant's data, by kind of reader."""
-    relation = (
-        "e.recipient_tenant_id = e.source_tenant_id"
-        if own
-        else "e.recipient_tenant_id IS DISTINCT FROM e.source_tenant_id"
-    )
-    # Only fixed SQL fragments are joined here; the tenant is a bound parameter.
-    return con.execute(
-        f"""SELECT count(DISTINCT e.recipient_request_id) FROM findings_exposures e
-            JOIN findings_affected a
-              ON a.request_id = e.recipient_request_id AND notified_verdict(a.verdict)
-            WHERE e.source_tenant_id = $tenant AND e.source_excluded_by IS NULL
-              AND notified_confidence(e.confidence) AND {relation} {extra}""",
-        {"tenant": tenant_id},
-    ).fetchone()[0]
 
 
 def scrub_others(text: str, own: str, others: list[str]) -> str:

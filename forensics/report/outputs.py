@@ -311,15 +311,16 @@ def write_notices(
         env: a template environment (default: :func:`forensics.report.render.environment`).
     """
     from forensics.remediation import remediation_status
-    from forensics.report.notices import assign_slugs, notice_context, scrub_others
+    from forensics.report.notices import assign_slugs, notice_contexts, scrub_others
     from forensics.report.render import environment, human_time
 
     template = (env or environment()).get_template("notice.md.j2")
     others = sorted(tenant_ids | set(scope.tenants))
     fix = remediation_status(con, case)
     written: list[Path] = []
-    for tenant, slug in sorted(assign_slugs(list(scope.tenants)).items()):
-        ctx = notice_context(con, scope, tenant)
+    slugs = assign_slugs(list(scope.tenants))
+    for tenant, ctx in notice_contexts(con, scope):
+        slug = slugs[tenant]
         ctx.update(
             case_id=scrub_others(case.id, tenant, others),
             generated_on=human_time(generated_at),
