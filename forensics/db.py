@@ -118,10 +118,11 @@ def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
     con.execute("COMMIT")
 
 
-def open_case(case_path: str | Path, memory_limit: str | None = None):
+def open_case(case_path: str | Path, memory_limit: str | None = None, *, read_only: bool = False):
     """Load a manifest and open its existing case database; returns ``(case, connection)``.
 
-    ``memory_limit`` overrides the manifest's ``[database].memory_limit``.
+    ``memory_limit`` overrides the manifest's ``[database].memory_limit``; ``read_only`` opens
+    it for reading only (the report: nothing it does can change the evidence or findings).
 
     Raises:
         ForensicsError: the manifest is invalid, or nothing has been ingested for it yet.
@@ -138,7 +139,7 @@ def open_case(case_path: str | Path, memory_limit: str | None = None):
             f"{case.database}: no case database yet; run `forensics ingest {case_path}`"
             f" (or `forensics run {case_path}`) first"
         )
-    return case, connect(case.database, memory_limit=case.memory_limit)
+    return case, connect(case.database, read_only, memory_limit=case.memory_limit)
 
 
 def insert_rows(con: duckdb.DuckDBPyConnection, kind: str, rows: list[dict], evidence_id: int = 0):

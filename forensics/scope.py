@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 _RECIPIENT_SQL = """
 SELECT tenant_id, 'recipient' AS role, count(DISTINCT request_id) AS responses,
        min(received_at) AS first_at, max(received_at) AS last_at,
-       CASE WHEN bool_or(verdict = 'confirmed') THEN 'confirmed' ELSE 'likely' END AS confidence
+       verdict_at(min(verdict_rank(verdict))) AS confidence
 FROM findings_affected
 WHERE notified_verdict(verdict) AND excluded_by IS NULL AND tenant_id IS NOT NULL
 GROUP BY tenant_id

@@ -893,3 +893,20 @@ def test_methodology_shows_each_case_level_tunable_with_its_default(tmp_path):
     markdown = (out / "report.md").read_text(encoding="utf-8")
     assert "| `exploitation_high_points` | exploitation |" in markdown
     assert "| 2.0 (set) | 1.5 |" in markdown
+
+
+def test_the_report_only_reads_the_case_database(tmp_path):
+    """Scoping happened with detection: the report renders from a read-only connection, and
+    the database file is byte for byte what it was."""
+    import hashlib
+
+    from forensics.db import connect
+
+    case, con = build(tmp_path / "case")
+    con.close()
+    before = hashlib.sha256(case.database.read_bytes()).hexdigest()
+    ro = connect(case.database, read_only=True)
+    result = write_report(ro, case, tmp_path / "out")
+    ro.close()
+    assert (tmp_path / "out" / "manifest.json") in result.files
+    assert hashlib.sha256(case.database.read_bytes()).hexdigest() == before

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from forensics.app import CASE_ARG, MEMORY_OPT, app, handle_errors
+from forensics.verdicts import NOTIFIED_VERDICTS
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -266,7 +267,7 @@ def _consequence(e: Explanation) -> str:
     ]
     excluded = f"Excluded by {', '.join(names)}" if names else ""
     verdict = e.verdict["verdict"] if e.verdict else None
-    if verdict in ("confirmed", "likely"):
+    if verdict in NOTIFIED_VERDICTS:
         if excluded:
             return (
                 f"{excluded}: its tenant is not notified as a recipient; the tenants whose "

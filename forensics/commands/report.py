@@ -148,7 +148,8 @@ def report(
 
     when = _as_of(as_of)
     check_out(out)
-    case, con = open_case(case_path, memory_limit)
+    # The report only reads: the findings and scope were written by detection.
+    case, con = open_case(case_path, memory_limit, read_only=True)
     try:
         with Steps(make_console(stderr=True)) as steps:
             result, problems = report_case(
