@@ -561,6 +561,19 @@ def test_report_command_writes_beside_the_manifest(tmp_path):
     assert "Affected responses: 3" in result.output
     assert "Notify: 2 recipient tenants, 2 source tenants." in " ".join(result.output.split())
     assert "Review: 2 candidates" in " ".join(result.output.split())
+    # Holes in the logs qualify every figure: the console says so too.
+    assert "Log coverage: Incomplete: 1 silences in a log" in " ".join(result.output.split())
+
+
+def test_complete_coverage_adds_no_console_line(tmp_path):
+    case, con = build(
+        tmp_path / "case",
+        extra_facts={"coverage": {"level": "complete", "statement": "Complete for the window."}},
+    )
+    con.close()
+    result = CliRunner().invoke(app, ["report", str(case.path)])
+    assert result.exit_code == 0, result.output
+    assert "Log coverage" not in result.output
 
 
 def test_report_command_usage_and_data_errors(tmp_path):

@@ -85,6 +85,9 @@ def _print_result(console: Console, result: ReportResult) -> None:
         f"{plural(s['review'], 'candidate')} (review.csv)"
     )
     console.print(f"Exploitation: {s['conclusion']}")
+    if s.get("coverage_level") not in (None, "complete"):
+        # Holes in a log qualify every figure above: said here, not only in the report.
+        console.print(styled(("Log coverage: ", "yellow"), s["coverage_statement"]))
     for message in result.messages:
         console.print(styled(("note: ", "yellow"), message))
     console.print(styled("Report: ", (shown(result.out_dir / "report.html"), "bold")))

@@ -284,6 +284,8 @@ def write_report(
     summary["conclusion"] = data.exploitation_summary["conclusion"]
     summary["level"] = data.exploitation_summary["level"]
     summary["basis_headline"] = data.basis.get("headline", "")
+    summary["coverage_level"] = data.coverage_summary["level"]
+    summary["coverage_statement"] = data.coverage_summary["statement"]
     return ReportResult(out, written, notices, bool(redact), generated_at, summary, messages)
 
 
