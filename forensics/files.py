@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from forensics.errors import ForensicsError
@@ -58,8 +59,9 @@ def private_dirs(folder: Path) -> None:
             raise ForensicsError(f"{path}: cannot create the folder ({_reason(exc)})") from None
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder.
+def write_atomic(path: Path, data: bytes | Iterable[bytes]) -> None:
+    """Write ``data`` (bytes, or chunks of them as they are made) to ``path`` through a
+    temporary file in the same folder.
 
     The temporary file is created 0600 (less if the umask says so), written, flushed to disk
     and renamed over ``path``; on any failure it is removed and ``path`` is untouched.
@@ -74,7 +76,8 @@ def write_atomic(path: Path, data: bytes) -> None:
         raise ForensicsError(f"{path}: cannot write the file ({_reason(exc)})") from None
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            for chunk in [data] if isinstance(data, bytes) else data:
+                fh.write(chunk)
             fh.flush()
             # On disk before the rename: a power cut must not leave an empty file behind the
             # real name either. A full disk may only show here.

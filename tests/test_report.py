@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from fixtures.findings.builder import (
+    AFFECTED,
     FINDINGS_PARQUET,
     NOTIFIED_TENANTS,
     OUTPUT_FILES,
@@ -923,3 +924,38 @@ def test_the_report_only_reads_the_case_database(tmp_path):
     ro.close()
     assert (tmp_path / "out" / "manifest.json") in result.files
     assert hashlib.sha256(case.database.read_bytes()).hexdigest() == before
+
+
+def test_large_outputs_stream_in_batches_with_the_same_bytes(tmp_path, monkeypatch):
+    """affected_responses.csv, exposures.csv and timeline.jsonl stream from the database; the
+    batch size never shows in the bytes, and within one second the timeline keeps the order
+    of its written timestamps (a fraction sorts before the whole second)."""
+    from forensics.report import data as report_data
+
+    case, con = build(tmp_path / "case")
+    con.execute(
+        """INSERT INTO findings_affected (request_id, tenant_id, received_at, prompt_tokens,
+             verdict, signals) VALUES
+           ('r-whole', 'acct_alpha', '2026-09-01T10:00:00Z', 700000, 'possible',
+            'latency_too_good'),
+           ('r-half', 'acct_alpha', '2026-09-01T10:00:00.5Z', 700000, 'possible',
+            'latency_too_good')"""
+    )
+    names = ("affected_responses.csv", "exposures.csv", "timeline.jsonl")
+    write_report(con, case, tmp_path / "whole")
+    monkeypatch.setattr(report_data, "BATCH_ROWS", 1)
+    write_report(con, case, tmp_path / "batched")
+    con.close()
+    for name in names:
+        assert (tmp_path / "whole" / name).read_bytes() == (
+            tmp_path / "batched" / name
+        ).read_bytes()
+    events = [
+        json.loads(line)
+        for line in (tmp_path / "whole" / "timeline.jsonl").read_text().splitlines()
+    ]
+    assert [e["datetime"] for e in events] == sorted(e["datetime"] for e in events)
+    order = [e.get("request_id") for e in events if e.get("request_id") in ("r-whole", "r-half")]
+    assert order == ["r-half", "r-whole"]
+    rows = (tmp_path / "whole" / "affected_responses.csv").read_text().splitlines()
+    assert len(rows) == 1 + len(AFFECTED) + 2

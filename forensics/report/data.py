@@ -8,6 +8,7 @@ templates and CSV writers never see a raw id in a redacted report.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from forensics.report.redact import Redactor
 from forensics.sql import first_row, scalar
 from forensics.status import evidence_outcomes
-from forensics.verdicts import NOTIFIED_CONFIDENCES, NOTIFIED_VERDICTS
+from forensics.verdicts import NOTIFIED_VERDICTS
 
 if TYPE_CHECKING:
     import duckdb
@@ -108,8 +109,6 @@ class ReportData:
     title: str
     generated_at: datetime
     redacted: bool
-    affected: list[dict]
-    exposures: list[dict]
     notifications: list[dict]
     review: list[dict]
     detectors: list[dict]
@@ -138,6 +137,12 @@ class ReportData:
     quality: dict[str, Any] = field(default_factory=dict)
     # The case-level tunables (forensics.parameters) with the value used and the default.
     tuning: list[dict] = field(default_factory=list)
+    # Counts over the affected responses and exposures, computed in SQL: the rows themselves
+    # stream into the CSVs and the timeline export (affected_rows, exposure_rows), so the
+    # report costs the same however many requests a signal flagged.
+    counts: dict[str, Any] = field(default_factory=dict)
+    # Affected responses to excluded traffic, per (tenant, exclusion).
+    excluded_recipients: list[dict] = field(default_factory=list)
 
     @property
     def incomplete_evidence_summary(self) -> str:
@@ -239,7 +244,6 @@ def load_report_data(
         The report data, lists sorted on total keys.
     """
     tx = red.text
-    affected, exposures = _findings(con, red)
     notifications, review = _scope(con, red)
     detectors, exclusions, coverage, warnings = _method(con, tx)
     exploitation = _exploitation(con, red)
@@ -250,8 +254,6 @@ def load_report_data(
         title=tx(case.title) or "",
         generated_at=generated_at,
         redacted=red.active,
-        affected=affected,
-        exposures=exposures,
         notifications=notifications,
         review=review,
         detectors=detectors,
@@ -260,7 +262,7 @@ def load_report_data(
         coverage=coverage,
         warnings=warnings,
         evidence=evidence,
-        timeline=_timeline(con, case, affected),
+        timeline=_timeline(con, case),
         case_facts=facts,
         attribution_methods=methods,
         window=window,
@@ -276,40 +278,117 @@ def load_report_data(
         basis=_basis(facts.get("evidence_basis"), tx),
         incomplete_evidence=incomplete,
         quality=_data_quality(con, case.folder, tx),
+        counts=_counts(con),
+        excluded_recipients=_excluded_recipients(con, red),
     )
     data.summary = _summary(data)
     return data
 
 
-def _findings(con: duckdb.DuckDBPyConnection, red: Redactor) -> tuple[list[dict], list[dict]]:
-    """The affected responses and the exposures, tenant ids redacted."""
-    t = red.tenant
-    affected = _rows(
-        con,
-        """SELECT request_id, tenant_id, received_at, prompt_tokens, threshold_tokens, verdict,
-                  signals, excluded_by, model, prefill_node, decode_node, dp_rank
-           FROM findings_affected ORDER BY received_at, request_id""",
-    )
-    for a in affected:
-        a["tenant_id"] = t(a["tenant_id"])
-        a["received_at"] = utc(a["received_at"])
+_AFFECTED_SQL = """
+SELECT request_id, tenant_id, received_at, prompt_tokens, threshold_tokens, verdict, signals,
+       excluded_by, model, prefill_node, decode_node, dp_rank
+FROM findings_affected ORDER BY received_at, request_id"""
 
-    exposures = _rows(
+_EXPOSURES_SQL = """
+SELECT e.recipient_request_id, e.recipient_tenant_id, e.source_request_id, e.source_tenant_id,
+       e.method, e.tokens, e.confidence, e.rank, e.recipient_excluded_by, e.source_excluded_by,
+       a.received_at AS recipient_at
+FROM findings_exposures e
+LEFT JOIN (SELECT request_id, min(received_at) AS received_at
+           FROM findings_affected GROUP BY request_id) a
+  ON a.request_id = e.recipient_request_id
+ORDER BY a.received_at NULLS LAST, e.recipient_request_id, e.method, e.rank NULLS LAST,
+         e.source_request_id, e.source_tenant_id, e.tokens"""
+
+# Rows fetched at a time when affected responses or exposures stream into an output.
+BATCH_ROWS = 10_000
+
+
+def _stream(con: duckdb.DuckDBPyConnection, sql: str) -> Iterator[dict]:
+    """A query's rows as dicts, fetched in batches on their own cursor (so other queries can
+    run while the rows are consumed, and memory holds one batch)."""
+    from forensics.db import cursor
+
+    cur = cursor(con)
+    try:
+        cur.execute(sql)
+        names = [d[0] for d in cur.description]
+        while batch := cur.fetchmany(BATCH_ROWS):
+            for row in batch:
+                yield dict(zip(names, row, strict=True))
+    finally:
+        cur.close()
+
+
+def affected_rows(con: duckdb.DuckDBPyConnection, red: Redactor) -> Iterator[dict]:
+    """Every affected response in arrival order, tenant ids redacted, streamed."""
+    for a in _stream(con, _AFFECTED_SQL):
+        a["tenant_id"] = red.tenant(a["tenant_id"])
+        a["received_at"] = utc(a["received_at"])
+        yield a
+
+
+def exposure_rows(con: duckdb.DuckDBPyConnection, red: Redactor) -> Iterator[dict]:
+    """Every exposure in the order of its recipient's arrival, tenant ids redacted, streamed."""
+    for e in _stream(con, _EXPOSURES_SQL):
+        e["recipient_tenant_id"] = red.tenant(e["recipient_tenant_id"])
+        e["source_tenant_id"] = red.tenant(e["source_tenant_id"])
+        yield e
+
+
+# "Not excluded" as the outputs read it: no exclusion name at all.
+_KEPT = "coalesce(excluded_by, '') = ''"
+
+
+def _counts(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+    """The summary's counts over affected responses and exposures, in SQL."""
+    row = first_row(
         con,
-        """SELECT e.recipient_request_id, e.recipient_tenant_id, e.source_request_id,
-                  e.source_tenant_id, e.method, e.tokens, e.confidence, e.rank,
-                  e.recipient_excluded_by, e.source_excluded_by, a.received_at AS recipient_at
-           FROM findings_exposures e
-           LEFT JOIN (SELECT request_id, min(received_at) AS received_at
-                      FROM findings_affected GROUP BY request_id) a
-             ON a.request_id = e.recipient_request_id
-           ORDER BY a.received_at NULLS LAST, e.recipient_request_id, e.method,
-                    e.rank NULLS LAST, e.source_request_id, e.source_tenant_id, e.tokens""",
+        f"""SELECT
+              count(*) FILTER (WHERE notified_verdict(verdict) AND {_KEPT}),
+              count(*) FILTER (WHERE verdict = 'confirmed' AND {_KEPT}),
+              count(*) FILTER (WHERE verdict = 'likely' AND {_KEPT}),
+              count(*) FILTER (WHERE notified_verdict(verdict) AND NOT {_KEPT}),
+              count(*) FILTER (WHERE verdict = 'possible' AND {_KEPT}),
+              count(*),
+              min(received_at) FILTER (WHERE notified_verdict(verdict)),
+              max(received_at) FILTER (WHERE notified_verdict(verdict))
+            FROM findings_affected""",
     )
-    for e in exposures:
-        e["recipient_tenant_id"] = t(e["recipient_tenant_id"])
-        e["source_tenant_id"] = t(e["source_tenant_id"])
-    return affected, exposures
+    keys = ("affected", "confirmed", "likely", "affected_excluded", "possible", "rows")
+    counts: dict[str, Any] = dict(zip(keys, row[:6], strict=True))
+    counts["first_affected"], counts["last_affected"] = utc(row[6]), utc(row[7])
+    counts["exposures"], counts["affected_foreign"] = first_row(
+        con,
+        """SELECT count(*),
+                  count(DISTINCT recipient_request_id) FILTER (
+                    WHERE notified_confidence(confidence)
+                      AND source_tenant_id IS DISTINCT FROM recipient_tenant_id
+                      AND coalesce(recipient_excluded_by, '') = '')
+           FROM findings_exposures""",
+    )
+    return counts
+
+
+def _excluded_recipients(con: duckdb.DuckDBPyConnection, red: Redactor) -> list[dict]:
+    """Notified responses that went to excluded traffic, per (tenant, exclusion), sorted after
+    redaction."""
+    rows = _rows(
+        con,
+        f"""SELECT tenant_id, excluded_by, count(*) AS responses FROM findings_affected
+            WHERE notified_verdict(verdict) AND NOT {_KEPT}
+            GROUP BY tenant_id, excluded_by""",
+    )
+    out = [
+        {
+            "tenant_id": red.tenant(r["tenant_id"]) or "",
+            "excluded_by": r["excluded_by"],
+            "responses": r["responses"],
+        }
+        for r in rows
+    ]
+    return sorted(out, key=lambda r: (r["tenant_id"], r["excluded_by"]))
 
 
 def _scope(con: duckdb.DuckDBPyConnection, red: Redactor) -> tuple[list[dict], list[dict]]:
@@ -553,14 +632,25 @@ def _window(value: Any, case: Case) -> dict[str, str]:
     return {"start": "", "end": "", "basis": "no window was set: all evidence was considered"}
 
 
-def _timeline(con: duckdb.DuckDBPyConnection, case: Case, affected: list[dict]) -> list[dict]:
+def _timeline(con: duckdb.DuckDBPyConnection, case: Case) -> list[dict]:
     events = [
         {"at": utc(ev.at), "source": "manifest", "event": ev.event, "fix": ev.fix}
         for ev in case.timeline
     ]
-    notified = [a for a in affected if a["verdict"] in NOTIFIED]
-    for label, a in (("First", notified[:1]), ("Last", notified[-1:])):
+    ends = {
+        label: _rows(
+            con,
+            f"""SELECT request_id, received_at, verdict, excluded_by FROM findings_affected
+                WHERE notified_verdict(verdict) ORDER BY {order} LIMIT 1""",
+        )
+        for label, order in (
+            ("First", "received_at ASC NULLS LAST, request_id ASC"),
+            ("Last", "received_at DESC NULLS FIRST, request_id DESC"),
+        )
+    }
+    for label, a in ends.items():
         for row in a:
+            row["received_at"] = utc(row["received_at"])
             how = row["verdict"]
             if row["excluded_by"]:
                 how += f", excluded traffic: {row['excluded_by']}"
@@ -613,40 +703,23 @@ def _num(value: Any) -> str:
 
 
 def _summary(d: ReportData) -> dict[str, Any]:
-    def count(pred) -> int:
-        return sum(1 for a in d.affected if pred(a))
-
+    c = d.counts
     recipients = [n for n in d.notifications if n["role"] == "recipient"]
     sources = [n for n in d.notifications if n["role"] == "source"]
-    notified_at = [a["received_at"] for a in d.affected if a["verdict"] in NOTIFIED]
     methods = ", ".join(f"{m} ({n})" for m, n in d.attribution_methods.items()) or "none"
     return {
-        "affected": count(lambda a: a["verdict"] in NOTIFIED and not a["excluded_by"]),
-        "confirmed": count(lambda a: a["verdict"] == "confirmed" and not a["excluded_by"]),
-        "likely": count(lambda a: a["verdict"] == "likely" and not a["excluded_by"]),
-        "affected_excluded": count(lambda a: a["verdict"] in NOTIFIED and a["excluded_by"]),
-        "possible": count(lambda a: a["verdict"] == "possible" and not a["excluded_by"]),
-        "rows": len(d.affected),
+        **{k: c[k] for k in ("affected", "confirmed", "likely", "affected_excluded")},
+        **{k: c[k] for k in ("possible", "rows", "exposures", "affected_foreign")},
         "recipients": len(recipients),
         "sources": len(sources),
         "review": len(d.review),
         "review_tenants": len({r["tenant_id"] for r in d.review if r["tenant_id"]}),
-        "exposures": len(d.exposures),
-        "affected_foreign": len(
-            {
-                e["recipient_request_id"]
-                for e in d.exposures
-                if e["confidence"] in NOTIFIED_CONFIDENCES
-                and e["source_tenant_id"] != e["recipient_tenant_id"]
-                and not e["recipient_excluded_by"]
-            }
-        ),
         "methods": methods,
         "notified_tenants": len({n["tenant_id"] for n in d.notifications}),
         "both_roles": len({n["tenant_id"] for n in recipients} & {n["tenant_id"] for n in sources}),
         "customer_tenants": d.customer_tenants,
         # The exposure actually observed: first and last confirmed or likely response, any
         # traffic (the analysis window is wider).
-        "first_affected": min(notified_at, default=None),
-        "last_affected": max(notified_at, default=None),
+        "first_affected": c["first_affected"],
+        "last_affected": c["last_affected"],
     }

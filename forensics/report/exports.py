@@ -12,12 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from forensics.report.data import iso
+from forensics.report.data import affected_rows, iso, utc
+from forensics.sql import first_row
 
 if TYPE_CHECKING:
     import duckdb
 
     from forensics.report.data import ReportData
+    from forensics.report.redact import Redactor
 
 # Findings tables exported as Parquet, each with the order that makes its bytes reproducible.
 PARQUET_TABLES = {
@@ -32,46 +34,31 @@ PARQUET_TABLES = {
 }
 
 
-def timesketch_events(data: ReportData) -> Iterator[dict]:
+def _event_key(e: dict) -> tuple[str, str, str]:
+    return (e["datetime"], e["kind"], e["message"])
+
+
+def timesketch_events(
+    con: duckdb.DuckDBPyConnection, data: ReportData, red: Redactor
+) -> Iterator[dict]:
     """The case timeline as Timesketch events (``message``, ``datetime``, ``timestamp_desc``).
 
     Every affected response (with its verdict and whether excluded traffic received it), the
     manifest's events (the fix marked), configuration changes from the pool snapshots, and the
     first and last request each exclusion rule matched among the affected responses. Sorted
-    by time, then kind, then message.
+    by time, then kind, then message. The affected responses stream from the database and are
+    merged with the few other events, so the export costs no more memory for a large incident.
     """
-    events: list[dict] = []
-    for a in data.affected:
-        if a["received_at"] is None:
-            continue
-        who = a["tenant_id"] or "unknown tenant"
-        note = f" (excluded traffic: {a['excluded_by']})" if a["excluded_by"] else ""
-        events.append(
-            {
-                "message": f"Affected response {a['request_id']} to {who}: {a['verdict']}"
-                f" ({a['signals']}), prompt {a['prompt_tokens']:,} tokens"
-                + (
-                    f" against a limit of {a['threshold_tokens']:,}"
-                    if a["threshold_tokens"]
-                    else ""
-                )
-                + note,
-                "datetime": iso(a["received_at"]),
-                "timestamp_desc": "Request received",
-                "kind": "affected_response",
-                "request_id": a["request_id"],
-                "tenant_id": a["tenant_id"],
-                "verdict": a["verdict"],
-                "excluded_by": a["excluded_by"],
-            }
-        )
+    import heapq
+
+    others: list[dict] = []
     for e in data.timeline:
         if e["source"] == "findings" or e["at"] is None:
             continue
         kind = "configuration_change" if e["source"] == "pool snapshots" else "case_event"
         if e.get("fix"):
             kind = "fix"
-        events.append(
+        others.append(
             {
                 "message": e["event"],
                 "datetime": iso(e["at"]),
@@ -82,32 +69,66 @@ def timesketch_events(data: ReportData) -> Iterator[dict]:
             }
         )
     for rule in data.exclusions:
-        times = sorted(
-            a["received_at"]
-            for a in data.affected
-            if a["received_at"] is not None and rule["name"] in (a["excluded_by"] or "").split(",")
+        first, last = first_row(
+            con,
+            """SELECT min(received_at), max(received_at) FROM findings_affected
+               WHERE received_at IS NOT NULL
+                 AND list_contains(string_split(coalesce(excluded_by, ''), ','), $name)""",
+            {"name": rule["name"]},
         )
-        for label, at in (("first", times[:1]), ("last", times[-1:])):
-            for t in at:
-                events.append(
+        for label, at in (("first", first), ("last", last)):
+            if at is not None:
+                others.append(
                     {
                         "message": f"Exclusion {rule['name']!r} ({rule['reason']}): {label}"
                         f" affected response it matched; rule {rule['rule']}",
-                        "datetime": iso(t),
+                        "datetime": iso(utc(at)),
                         "timestamp_desc": "Request received",
                         "kind": "exclusion",
                     }
                 )
-    events.sort(key=lambda e: (e["datetime"], e["kind"], e["message"]))
-    yield from events
+    others.sort(key=_event_key)
+    yield from heapq.merge(_affected_events(con, red), others, key=_event_key)
 
 
-def timesketch_jsonl(data: ReportData) -> str:
-    """The Timesketch events as JSON Lines (keys sorted, so the bytes are reproducible)."""
-    return "".join(
-        json.dumps({k: v for k, v in e.items() if v is not None}, sort_keys=True) + "\n"
-        for e in timesketch_events(data)
-    )
+def _affected_events(con: duckdb.DuckDBPyConnection, red: Redactor) -> Iterator[dict]:
+    """One event per affected response, in the export's order. The rows come in arrival
+    order; within one second the order of the written timestamps (a whole second sorts after
+    its fractions) is restored by sorting that second's events."""
+    second: str | None = None
+    group: list[dict] = []
+    for a in affected_rows(con, red):
+        if a["received_at"] is None:
+            continue
+        who = a["tenant_id"] or "unknown tenant"
+        note = f" (excluded traffic: {a['excluded_by']})" if a["excluded_by"] else ""
+        limit = f" against a limit of {a['threshold_tokens']:,}" if a["threshold_tokens"] else ""
+        event = {
+            "message": f"Affected response {a['request_id']} to {who}: {a['verdict']}"
+            f" ({a['signals']}), prompt {a['prompt_tokens']:,} tokens" + limit + note,
+            "datetime": iso(a["received_at"]),
+            "timestamp_desc": "Request received",
+            "kind": "affected_response",
+            "request_id": a["request_id"],
+            "tenant_id": a["tenant_id"],
+            "verdict": a["verdict"],
+            "excluded_by": a["excluded_by"],
+        }
+        if event["datetime"][:19] != second and group:
+            yield from sorted(group, key=_event_key)
+            group = []
+        second = event["datetime"][:19]
+        group.append(event)
+    yield from sorted(group, key=_event_key)
+
+
+def timesketch_jsonl(
+    con: duckdb.DuckDBPyConnection, data: ReportData, red: Redactor
+) -> Iterator[str]:
+    """The Timesketch events as JSON Lines (keys sorted, so the bytes are reproducible), one
+    line at a time."""
+    for e in timesketch_events(con, data, red):
+        yield json.dumps({k: v for k, v in e.items() if v is not None}, sort_keys=True) + "\n"
 
 
 def write_findings_parquet(con: duckdb.DuckDBPyConnection, folder: Path) -> list[Path]:

@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -15,7 +16,14 @@ from typing import TYPE_CHECKING, Any
 from forensics import __version__
 from forensics.errors import ForensicsError
 from forensics.files import private_dirs, remove_partials, sync_dir, write_atomic
-from forensics.report.data import all_tenant_ids, generation_time, iso, load_report_data
+from forensics.report.data import (
+    affected_rows,
+    all_tenant_ids,
+    exposure_rows,
+    generation_time,
+    iso,
+    load_report_data,
+)
 from forensics.report.exports import timesketch_jsonl, write_findings_parquet
 from forensics.report.redact import Redactor, resolve_key
 
@@ -103,14 +111,23 @@ def csv_cell(value: Any) -> Any:
     return value
 
 
-def _csv(columns: tuple[str, ...], rows: list[dict]) -> str:
+def _csv(columns: tuple[str, ...], rows: Iterable[dict]) -> str:
     """Every CSV output: a header, then the rows with every cell through :func:`csv_cell`."""
+    return "".join(_csv_chunks(columns, rows))
+
+
+def _csv_chunks(columns: tuple[str, ...], rows: Iterable[dict], every: int = 10_000):
+    """The same CSV in chunks of ``every`` rows, for outputs too large to hold whole."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(columns)
-    for row in rows:
+    for n, row in enumerate(rows, 1):
         writer.writerow([csv_cell(row[c]) for c in columns])
-    return buf.getvalue()
+        if n % every == 0:
+            yield buf.getvalue()
+            buf.seek(0)
+            buf.truncate()
+    yield buf.getvalue()
 
 
 def _sha256_file(path: Path) -> str:
@@ -121,14 +138,16 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _write(path: Path, text: str, written: list[Path]) -> None:
+def _write(path: Path, text: str | Iterable[str], written: list[Path]) -> None:
     """Write one output: private, and complete or not at all (see :mod:`forensics.files`).
 
-    The text is encoded as it is ("\n" on every platform), so the bytes and hashes never
-    depend on the platform.
+    ``text`` may come in chunks as it is made (a large CSV), so an output never has to fit in
+    memory whole. It is encoded as it is ("\n" on every platform), so the bytes and hashes
+    never depend on the platform.
     """
     private_dirs(path.parent)
-    write_atomic(path, text.encode("utf-8"))
+    chunks = [text] if isinstance(text, str) else text
+    write_atomic(path, (chunk.encode("utf-8") for chunk in chunks))
     written.append(path)
 
 
@@ -239,8 +258,13 @@ def write_report(
     step(3)
     _write(out / "report.md", env.get_template("report.md.j2").render(ctx), written)
     step(4)
-    _write(out / "affected_responses.csv", _csv(AFFECTED_COLUMNS, data.affected), written)
-    _write(out / "exposures.csv", _csv(EXPOSURE_COLUMNS, data.exposures), written)
+    # The two outputs that grow with the incident stream from the database in batches.
+    _write(
+        out / "affected_responses.csv",
+        _csv_chunks(AFFECTED_COLUMNS, affected_rows(con, red)),
+        written,
+    )
+    _write(out / "exposures.csv", _csv_chunks(EXPOSURE_COLUMNS, exposure_rows(con, red)), written)
     _write(out / "notifications.csv", _csv(NOTIFICATION_COLUMNS, data.notifications), written)
     _write(out / "review.csv", _csv(REVIEW_COLUMNS, data.review), written)
     exploitation = [
@@ -249,7 +273,7 @@ def write_report(
         for x in data.exploitation
     ]
     _write(out / "exploitation.csv", _csv(EXPLOITATION_COLUMNS, exploitation), written)
-    _write(out / "timeline.jsonl", timesketch_jsonl(data), written)
+    _write(out / "timeline.jsonl", timesketch_jsonl(con, data, red), written)
 
     notices: list[Path] = []
     messages: list[str] = []

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from forensics.report.data import NOTIFIED, iso, utc
+from forensics.report.data import iso, utc
 
 if TYPE_CHECKING:
     import jinja2
@@ -149,11 +149,6 @@ def report_context(data: ReportData, charts: list[Chart], tool_version: str) -> 
     Returns:
         A dict with ``data``, ``s`` (summary counts), derived tables and ``charts``.
     """
-    excluded: dict[tuple[str, str], int] = {}
-    for a in data.affected:
-        if a["verdict"] in NOTIFIED and a["excluded_by"]:
-            key = (a["tenant_id"] or "", a["excluded_by"])
-            excluded[key] = excluded.get(key, 0) + 1
     return {
         "data": data,
         "s": data.summary,
@@ -161,10 +156,7 @@ def report_context(data: ReportData, charts: list[Chart], tool_version: str) -> 
         "generated_at": iso(data.generated_at),
         "recipients": [n for n in data.notifications if n["role"] == "recipient"],
         "sources": [n for n in data.notifications if n["role"] == "source"],
-        "excluded_recipients": [
-            {"tenant_id": t, "excluded_by": x, "responses": n}
-            for (t, x), n in sorted(excluded.items())
-        ],
+        "excluded_recipients": data.excluded_recipients,
         "charts": charts,
         "sections": [
             ("summary", "Executive summary"),
