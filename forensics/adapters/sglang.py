@@ -440,16 +440,11 @@ def _snapshots(con, base: Source, tag: str, node: str, options: Options) -> Sour
         "engine_version": field("engine_version"),
     }
     mapped = [p.removeprefix("$.") for p in paths if p.count(".") == 1]
+    numbers = {"available_gpu_mem": "DOUBLE"} | {
+        k: "BIGINT" for k in ("chunked_prefill_size", "max_prefill_tokens", "max_running_requests")
+    }
     startup_rest = json_object(
-        {
-            k: f"TRY_CAST({_re('__p.msg', k + r'=([0-9.]+)')} AS DOUBLE)"
-            for k in (
-                "chunked_prefill_size",
-                "max_prefill_tokens",
-                "max_running_requests",
-                "available_gpu_mem",
-            )
-        }
+        {k: f"TRY_CAST({_re('__p.msg', k + r'=([0-9.]+)')} AS {t})" for k, t in numbers.items()}
     )
     extra = f"CASE WHEN __valid THEN {without('__kv_line', mapped)} ELSE {startup_rest} END"
     return adapted(base, table, columns, pre_error=why, extra=extra)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from forensics.case import ROLES
 from forensics.cli import CASE_ARG, MEMORY_OPT, app, error, handle_errors
 from forensics.ingest import SUPPORTED_FORMATS
 from forensics.schema import KINDS
@@ -21,6 +22,7 @@ Kind = StrEnum("Kind", {k: k for k in KINDS})
 # The formats ingest reads today (the manifest also names adapters still to come): anything
 # else is a usage error that lists these.
 Format = StrEnum("Format", {f: f for f in SUPPORTED_FORMATS})
+Role = StrEnum("Role", {r: r for r in ROLES})
 
 
 def is_case(target: str) -> bool:
@@ -71,13 +73,35 @@ def ingest(
         help="Zone of timestamps without an offset (with a database only).",
     ),
     memory_limit: str | None = MEMORY_OPT,
+    node: str | None = typer.Option(
+        None,
+        "--node",
+        help="Engine node of files that do not name it (with a database only).",
+        show_default=False,
+    ),
+    role: Role | None = typer.Option(
+        None, "--role", help="Engine role of the files (with a database only).", show_default=False
+    ),
+    tenant_field: str | None = typer.Option(
+        None,
+        "--tenant-field",
+        metavar="NAME",
+        help="Field, attribute or label holding the tenant (with a database only).",
+        show_default=False,
+    ),
 ) -> None:
     """Load a case's evidence, or files by name into a database.
 
     `forensics ingest CASE` loads what the manifest lists; `forensics ingest DB FILE...
     --kind KIND` loads files of one kind into a case database.
     """
+    entry = {"node": node, "role": role.value if role else None, "tenant_field": tenant_field}
     if is_case(target):
+        if any(entry.values()):
+            raise typer.BadParameter(
+                "with a case, --node, --role and --tenant-field come from its [[evidence]] entries",
+                param_hint="--node",
+            )
         if files or kind is not None:
             raise typer.BadParameter(
                 "with a case, files and --kind come from its [[evidence]] entries",
@@ -97,7 +121,9 @@ def ingest(
                 "`forensics ingest DB FILE... --kind KIND`)",
                 param_hint="CASE|DB",
             )
-    _ingest(target, files or [], kind.value if kind else None, fmt.value, timezone, memory_limit)
+    _ingest(
+        target, files or [], kind.value if kind else None, fmt.value, timezone, memory_limit, entry
+    )
 
 
 @handle_errors
@@ -108,6 +134,7 @@ def _ingest(
     fmt: str,
     timezone: str,
     memory_limit: str | None = None,
+    entry: dict[str, str | None] | None = None,
 ) -> None:
     from forensics.case import Evidence, load_case
     from forensics.errors import ForensicsError
@@ -132,7 +159,14 @@ def _ingest(
         found = [f for p in files for f in Evidence(kind=kind, format=fmt, paths=(p,)).files()]
         with Steps(make_console(stderr=True), files=len(dict.fromkeys(found))) as steps:
             result = ingest_paths(
-                target, files, kind, fmt, timezone, progress=steps.file, memory_limit=memory_limit
+                target,
+                files,
+                kind,
+                fmt,
+                timezone,
+                progress=steps.file,
+                memory_limit=memory_limit,
+                **(entry or {}),
             )
     _summary(make_console(), result, where)
     # Everything else has loaded by now; evidence that did not load whole is an error.
@@ -146,11 +180,15 @@ def _ingest(
 def _summary(console: Console, result: IngestResult, where: Path) -> None:
     from forensics.terminal import Col, Grid, plural, shown, styled
 
+    adapted = any(f.format != "canonical" for f in [*result.files, *result.failures])
     grid = Grid(
         f"Evidence loaded into {shown(where)}",
         [
             Col("file"),
             Col("kind"),
+            # The format each file was read in (auto's choice among them) once any is not
+            # canonical: a canonical-only ingest reads as it always has.
+            *([Col("format")] if adapted else []),
             Col("read", right=True),
             Col("loaded", right=True),
             Col("rejected", right=True),
@@ -164,10 +202,13 @@ def _summary(console: Console, result: IngestResult, where: Path) -> None:
         if f.outcome == "partial":
             status = styled(("PARTIAL", "red"), " (already loaded)" if f.skipped else "")
         counts = (f"{f.rows_read:,}", f"{f.rows_loaded:,}", f"{f.rows_rejected:,}")
-        grid.add_row(f.path, f.kind, *counts, status)
+        grid.add_row(f.path, f.kind, *([f.format] if adapted else []), *counts, status)
     for failure in result.failures:
         status = "NO FILE" if failure.outcome == "missing" else "FAILED"
-        grid.add_row(failure.path, failure.kind, "-", "-", "-", styled((status, "red")))
+        shown_format = [failure.format] if adapted else []
+        grid.add_row(
+            failure.path, failure.kind, *shown_format, "-", "-", "-", styled((status, "red"))
+        )
     grid.print(console)
     # Problems are named only when there are some, so a clean ingest reads as it always has.
     more = ""
