@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 # The per-file name of --log-requests-target files is ``{hostname}_{rank}.log``, rotated hourly
 # with a ``.YYYY-mm-dd_HH`` suffix: the host is what comes before the rank.
 _RANK = re.compile(r"_\d+$")
+# How a JSON document spread over lines starts: a lone brace or bracket, or a first key or
+# element; not a log line's "[2026-09-08 ...".
+_DOCUMENT_START = r'^\s*(\{\s*("|$)|\[\s*(\{|\[|"|$))'
 
 
 def open_records(
@@ -32,7 +35,7 @@ def open_records(
     # Only a file that starts like a JSON value and has lines that are no JSON value by
     # themselves is tried as one document: log files never pay for the whole-file join.
     starts, broken = con.execute(
-        f"SELECT regexp_matches(arg_min(__kv_line, __kv_row), '^\\s*[{{\\[]'), "
+        f"SELECT regexp_matches(arg_min(__kv_line, __kv_row), {sql_str(_DOCUMENT_START)}), "
         f"count(*) FILTER (WHERE NOT json_valid(__kv_line)) > 0 FROM {table}"
     ).fetchone()
     spread = (

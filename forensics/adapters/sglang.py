@@ -42,7 +42,7 @@ DEFAULT_TENANT_FIELD = "tenant_id"
 EXPORTER_PREFIX = "sglang-request-metrics-"
 
 # The logging prefix of every engine line: ``[2026-09-08 14:02:00 TP0] message``.
-_PREFIX = r"^\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)(?: [^\]]*)?\] ?(.*)$"
+_PREFIX = r"^\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)(?: [^\]]*)?\]"
 _SNIFF = re.compile(
     r'"event": ?"request\.(received|finished)|"request_parameters"|"max_total_num_tokens"'
     r"|\] (Receive|Finish): obj=|\] (ReqTimeStats|Req Time Stats)\(|self\.rid='"
@@ -93,12 +93,34 @@ def open_source(
 
 
 def _lines(table: str) -> str:
-    """Each line split into its logging prefix time and message; JSON lines flagged."""
+    """Each line's logging-prefix time and message, JSON lines flagged. String functions, not
+    one regular expression over the whole line: a request line is long."""
     return f"""SELECT __kv_row, __kv_line,
       starts_with(__kv_line, '{{') AS __json,
       starts_with(__kv_line, '{{') AND json_valid(__kv_line) AS __valid,
-      regexp_extract(__kv_line, {sql_str(_PREFIX)}, ['at', 'msg']) AS __p
+      CASE WHEN starts_with(__kv_line, '[')
+        THEN nullif(regexp_extract(left(__kv_line, 64), {sql_str(_PREFIX)}, 1), '') END AS __at,
+      CASE WHEN __at IS NOT NULL THEN ltrim(substr(__kv_line, strpos(__kv_line, ']') + 1), ' ')
+        END AS __msg
     FROM {table}"""
+
+
+def _after_last(text: str, sep: str) -> str:
+    """SQL of what follows the last ``sep`` in ``text`` (NULL without one). A repr logs the
+    request's text before its own fields and the generated text before ``meta_info``, so the
+    last occurrence is the engine's, whatever the texts hold."""
+    return (
+        f"CASE WHEN contains({text}, {sql_str(sep)}) THEN right({text}, "
+        f"strpos(reverse({text}), {sql_str(sep[::-1])}) - 1) END"
+    )
+
+
+def _before_last(text: str, sep: str) -> str:
+    """SQL of what precedes the last ``sep`` in ``text`` (all of it without one)."""
+    return (
+        f"CASE WHEN contains({text}, {sql_str(sep)}) THEN left({text}, length({text}) - "
+        f"strpos(reverse({text}), {sql_str(sep[::-1])}) + 1 - {len(sep)}) ELSE {text} END"
+    )
 
 
 def _re(text: str, pattern: str) -> str:
@@ -106,10 +128,10 @@ def _re(text: str, pattern: str) -> str:
     return f"nullif(regexp_extract({text}, {sql_str(pattern)}, 1), '')"
 
 
-def _last(field: str) -> str:
-    # A greedy lead-in takes the last ``field=`` of a repr: request text, logged before the
-    # request's own fields, cannot shadow them.
-    return rf".*[(, ]{field}="
+def _last(text: str, field: str, value: str) -> str:
+    """SQL of the value of the last ``field=`` of a repr (the request's own, see _after_last)."""
+    pattern = rf"[(, ]{field}={value}"
+    return f"regexp_extract_all({text}, {sql_str(pattern)}, 1)[-1]"
 
 
 def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
@@ -157,11 +179,7 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
         # Exporter records hold meta_info at the top; request events under out.meta_info.
         return f"coalesce({j['m_' + name]}, {j['x_' + name]})"
 
-    msg = "__p.msg"
-    obj = _re(msg, r"^(?:Receive|Finish): obj=(.*?)(?:, out=\{.*)?$")
-    fin_obj = _re(msg, r"^Finish: obj=(.*), out=\{.*$")
-    out = _re(msg, r".*, out=(\{.*)$")
-    meta_t = _re("__out", r".*'meta_info': \{(.*)$")
+    msg = "__msg"
     # A Python repr quotes with ' unless the text holds a ' and no ".
     message = r"'finish_reason': \{[^}]*'message': "
     single, double = r"'((?:[^'\\]|\\.)*)'", r'"((?:[^"\\]|\\.)*)"'
@@ -186,14 +204,16 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
         "role": _re("__st_head", r"type=(\w+)"),
     }
     o = {
-        "rid": _re("__obj", _last("rid") + "'([^']*)'"),
-        "room": _re("__obj", _last("bootstrap_room") + r"(\d+)"),
-        "recv": _re("__obj", _last("received_time") + r"([0-9.eE+-]+)"),
-        "dp": _re("__obj", _last("data_parallel_rank") + r"(\d+)"),
-        "label": _re("__obj", _last("custom_labels") + r"\{[^}]*'" + label + r"': '([^']*)'"),
+        "rid": _last("__obj", "rid", "'([^']*)'"),
+        "room": _last("__obj", "bootstrap_room", r"(\d+)"),
+        "recv": _last("__obj", "received_time", r"([0-9.eE+-]+)"),
+        "dp": _last("__obj", "data_parallel_rank", r"(\d+)"),
+        "label": _re(
+            _last("__obj", "custom_labels", r"(\{[^}]*\})"), r"'" + label + r"': '([^']*)'"
+        ),
     }
     fields = {
-        "line_at": f"CASE WHEN __valid THEN {j['timestamp']} ELSE nullif(__p.at, '') END",
+        "line_at": f"CASE WHEN __valid THEN {j['timestamp']} ELSE __at END",
         "rid": f"coalesce({j['rid']}, __rp[1], {j['m_id']}, {j['x_id']}, {o['rid']}, "
         f"{m['id']}, {head['rid']}, nullif(__abort.rid, ''), "
         "nullif(__cap.rid, ''))",
@@ -214,8 +234,8 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
         "role": head["role"],
         "stats": "nullif(__st_body, '')",
         "tenant": f"coalesce({j['label']}, {j['header']}, __rpl, {o['label']})",
-        "rest": f"CASE WHEN ev IN ('received', 'finished') AND __valid THEN {_json_rest()} "
-        f"WHEN ev = 'exported' THEN {_exported_rest()} END",
+        # A request's last JSON record: what it holds beyond the mapped fields is kept.
+        "last_json": "CASE WHEN __valid AND ev IN ('finished', 'exported') THEN __kv_line END",
     }
     con.execute(
         f"""CREATE TEMP TABLE {facts} AS
@@ -224,20 +244,6 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
       SELECT *, CASE WHEN __valid THEN json_extract_string(__kv_line, {pick}) END AS __j
       FROM l
     ),
-    t AS (
-      SELECT *,
-        CASE WHEN json_valid({j["params"]}) THEN json_extract_string({j["params"]}, {ppick}) END
-          AS __rp,
-        CASE WHEN json_valid({j["params"]}) THEN json_extract_string({j["params"]}, {ppick_label})
-          END AS __rpl,
-        coalesce({fin_obj}, {obj}) AS __obj, {out} AS __out,
-        {_re(msg, stats)} AS __st_head, regexp_extract({msg}, {sql_str(stats)}, 2) AS __st_body,
-        regexp_extract({msg}, '^(.*), self\\.rid=''([^'']*)''$', ['err', 'rid']) AS __abort,
-        regexp_extract({msg},
-          '^Request (\\S+) exceeds the maximum number of tokens: (\\d+) > (\\d+)',
-          ['rid', 'n', 'max']) AS __cap
-      FROM j
-    ),
     e AS (
       SELECT *, CASE
         WHEN __json AND NOT __valid THEN 'bad_json'
@@ -245,19 +251,43 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
         WHEN __valid AND {j["event"]} = 'request.finished' THEN 'finished'
         WHEN __valid AND {j["params"]} IS NOT NULL THEN 'exported'
         WHEN __valid THEN 'json_other'
-        WHEN __p.at = '' THEN 'continuation'
+        WHEN __at IS NULL THEN 'continuation'
         WHEN starts_with({msg}, 'Receive: obj=') THEN 'received'
         WHEN starts_with({msg}, 'Finish: obj=') THEN 'finished'
-        WHEN __st_head IS NOT NULL THEN 'timestats'
-        WHEN __abort.rid <> '' THEN 'aborted'
-        WHEN __cap.rid <> '' THEN 'capacity'
-        WHEN regexp_matches({msg}, 'max_total_num_tokens=\\d+') THEN 'startup'
-        ELSE 'other' END AS ev,
-        {meta_t} AS __meta
-      FROM t
-    )
+        WHEN starts_with({msg}, 'ReqTimeStats(') OR starts_with({msg}, 'Req Time Stats(')
+          THEN 'timestats'
+        WHEN contains({msg}, ', self.rid=''') THEN 'aborted'
+        WHEN starts_with({msg}, 'Request ')
+          AND contains({msg}, ' exceeds the maximum number of tokens: ') THEN 'capacity'
+        WHEN contains({msg}, 'max_total_num_tokens=') THEN 'startup'
+        ELSE 'other' END AS ev
+      FROM j
+    ),
+    t AS (
+      -- Each kind of line is taken apart only where it is that kind of line.
+      SELECT *,
+        CASE WHEN ev = 'exported' AND json_valid({j["params"]})
+          THEN json_extract_string({j["params"]}, {ppick}) END AS __rp,
+        CASE WHEN ev = 'exported' AND json_valid({j["params"]})
+          THEN json_extract_string({j["params"]}, {ppick_label}) END AS __rpl,
+        CASE WHEN __valid THEN NULL
+          WHEN ev = 'received' THEN substr({msg}, 14)
+          WHEN ev = 'finished' THEN {_before_last(f"substr({msg}, 13)", ", out={")} END AS __obj,
+        CASE WHEN ev = 'finished' AND NOT __valid
+          THEN {_after_last(msg, "'meta_info': {")} END AS __meta,
+        CASE WHEN ev = 'timestats' THEN regexp_extract({msg}, {sql_str(stats)}, ['head', 'body'])
+          END AS __st,
+        CASE WHEN ev = 'aborted'
+          THEN regexp_extract({msg}, '^(.*), self\\.rid=''([^'']*)''$', ['err', 'rid']) END
+          AS __abort,
+        CASE WHEN ev = 'capacity' THEN regexp_extract({msg},
+          '^Request (\\S+) exceeds the maximum number of tokens: (\\d+) > (\\d+)',
+          ['rid', 'n', 'max']) END AS __cap
+      FROM e
+    ),
+    f AS (SELECT *, nullif(__st.head, '') AS __st_head, __st.body AS __st_body FROM t)
     SELECT __kv_row, __kv_line, ev, {", ".join(f"{v} AS {k}" for k, v in fields.items())}
-    FROM e"""
+    FROM f"""
     )
     base.cleanup.append(facts)
     node_sql, role_sql = sql_str(node), sql_str(options.role) if options.role else "NULL"
@@ -287,7 +317,7 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
       bool_or(capacity) AS capacity,
       arg_max(stats, __kv_row) FILTER (WHERE stats IS NOT NULL) AS stats,
       arg_max(tenant, __kv_row) FILTER (WHERE tenant IS NOT NULL) AS tenant,
-      arg_max(rest, __kv_row) FILTER (WHERE rest IS NOT NULL) AS rest,
+      arg_max(last_json, __kv_row) FILTER (WHERE last_json IS NOT NULL) AS last_json,
       count(*) AS lines
     FROM {facts} WHERE ev IN ({events}) AND rid IS NOT NULL GROUP BY rid
     UNION ALL BY NAME
@@ -328,7 +358,8 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
             "cached_tokens": "TRY_CAST(cached AS BIGINT)",
             "e2e_latency": "TRY_CAST(e2e AS DOUBLE)",
             "time_stats": "stats",
-            "logged": "CAST(rest AS JSON)",
+            "logged": "CASE WHEN json_exists(last_json, '$.request_parameters') "
+            f"THEN {_exported_rest()} ELSE {_json_rest()} END",
             "lines": "lines",
         }
     )
@@ -354,16 +385,16 @@ _MAPPED_META = [
 
 
 def _json_rest() -> str:
-    """What a request event holds beyond the mapped fields (kept in ``extra.logged``)."""
-    obj = without("coalesce(json_extract(__kv_line, '$.obj'), '{}')", _MAPPED_OBJ)
-    meta = without("coalesce(json_extract(__kv_line, '$.out.meta_info'), '{}')", _MAPPED_META)
+    """What a request's last event holds beyond the mapped fields (``extra.logged``)."""
+    obj = without("coalesce(json_extract(last_json, '$.obj'), '{}')", _MAPPED_OBJ)
+    meta = without("coalesce(json_extract(last_json, '$.out.meta_info'), '{}')", _MAPPED_META)
     return f"json_object('obj', {obj}, 'meta_info', {meta})"
 
 
 def _exported_rest() -> str:
-    top = without("__kv_line", [*_MAPPED_META, "request_parameters"])
+    top = without("last_json", [*_MAPPED_META, "request_parameters"])
     params = without(
-        "coalesce(TRY_CAST(json_extract_string(__kv_line, '$.request_parameters') AS JSON), '{}')",
+        "coalesce(TRY_CAST(json_extract_string(last_json, '$.request_parameters') AS JSON), '{}')",
         _MAPPED_OBJ,
     )
     return f"json_object('obj', {params}, 'meta_info', {top})"
@@ -398,9 +429,9 @@ def _snapshots(con, base: Source, tag: str, node: str, options: Options) -> Sour
     con.execute(
         f"""CREATE TEMP TABLE {table} AS
     WITH l AS ({_lines(base.relation)})
-    SELECT __kv_row, __kv_line, __valid, __json, __p,
+    SELECT __kv_row, __kv_line, __valid, __json, __at, __msg,
       CASE WHEN __valid THEN json_extract_string(__kv_line, {pick}) END AS __j,
-      regexp_extract(__p.msg, {sql_str(_STARTUP)}, 1) AS __pool
+      regexp_extract(__msg, {sql_str(_STARTUP)}, 1) AS __pool
     FROM l"""
     )
     base.cleanup.append(table)
@@ -417,19 +448,19 @@ def _snapshots(con, base: Source, tag: str, node: str, options: Options) -> Sour
     )
 
     def field(name: str, pattern: str | None = None) -> str:
-        text = f", {_re('__p.msg', pattern)}" if pattern else ""
+        text = f", {_re('__msg', pattern)}" if pattern else ""
         return f"CASE WHEN __valid THEN {at[name]} ELSE coalesce(NULL{text}) END"
 
     startup = "__pool <> ''"
     why = (
         f"CASE WHEN __valid OR ({startup}) THEN NULL "
         f"WHEN __json THEN 'not valid JSON' "
-        f"WHEN __p.at = '' THEN {sql_str(_OTHER['continuation'])} "
+        f"WHEN __at IS NULL THEN {sql_str(_OTHER['continuation'])} "
         "ELSE 'a log line that is not the startup line (no max_total_num_tokens=)' END"
     )
     columns = {
         "node": sql_str(node),
-        "observed_at": f"CASE WHEN __valid THEN {sql_str(observed or '')} ELSE __p.at END",
+        "observed_at": f"CASE WHEN __valid THEN {sql_str(observed or '')} ELSE __at END",
         "max_total_num_tokens": f"CASE WHEN __valid THEN {at['max_total_num_tokens']} "
         "ELSE nullif(__pool, '') END",
         "role": role,
@@ -444,7 +475,7 @@ def _snapshots(con, base: Source, tag: str, node: str, options: Options) -> Sour
         k: "BIGINT" for k in ("chunked_prefill_size", "max_prefill_tokens", "max_running_requests")
     }
     startup_rest = json_object(
-        {k: f"TRY_CAST({_re('__p.msg', k + r'=([0-9.]+)')} AS {t})" for k, t in numbers.items()}
+        {k: f"TRY_CAST({_re('__msg', k + r'=([0-9.]+)')} AS {t})" for k, t in numbers.items()}
     )
     extra = f"CASE WHEN __valid THEN {without('__kv_line', mapped)} ELSE {startup_rest} END"
     return adapted(base, table, columns, pre_error=why, extra=extra)
