@@ -83,7 +83,7 @@ def _records(con, path: Path, tag: str, progress) -> tuple[Source, str]:
         # An array document: its elements are the rows, numbered from 1.
         con.execute(
             f"""CREATE TEMP TABLE {table} AS
-        WITH l AS (SELECT __kv_row, __kv_line, json_valid(__kv_line) AS ok,
+        WITH l AS MATERIALIZED (SELECT __kv_row, __kv_line, json_valid(__kv_line) AS ok,
                           CASE WHEN json_valid(__kv_line) THEN json_type(__kv_line) END AS t
                    FROM {base.relation}),
         a AS (SELECT unnest(from_json(__kv_line, '["JSON"]')) AS __rec,
@@ -109,21 +109,52 @@ def open_source(
     options: Options,
 ) -> Source:
     """A LiteLLM spend log export as requests."""
-    base, table = _records(con, path, tag, progress)
+    base, records = _records(con, path, tag, progress)
     if base.empty:
         return adapted(base, "(SELECT 1 WHERE false)", {})
+    tf = options.tenant_field
+    top = [*_MAPPED, "metadata", "response"]
+    meta = [
+        "user_api_key_team_id",
+        "error_information.error_code",
+        "additional_usage_values.prompt_tokens_details.cached_tokens",
+        "requester_ip_address",
+        *(f"spend_logs_metadata.{name}" for name in _BY_NAME),
+    ]
+    if tf and tf.startswith("metadata."):
+        meta.append(tf.removeprefix("metadata."))
+    elif tf and tf not in top:
+        top.append(tf)
+    # Every field read once per row, into columns (one parse of the row, one of its metadata).
+    tops = "[" + ", ".join(sql_str("$." + sql_ident(n)) for n in top) + "]"
+    metas = "[" + ", ".join(sql_str("$." + p) for p in meta) + "]"
+    table = f"{records}_fields"
+    con.execute(
+        f"""CREATE TEMP TABLE {table} AS
+    WITH f AS (
+      SELECT *, CASE WHEN __rec IS NOT NULL THEN json_extract_string(__rec, {tops}) END AS __f
+      FROM {records}
+    ),
+    m AS (
+      SELECT *, __f[{top.index("metadata") + 1}] AS __meta,
+        __f[{top.index("response") + 1}] AS __response
+      FROM f
+    )
+    SELECT __kv_row, __kv_line, __why, __rec,
+      {", ".join(f"nullif(__f[{i + 1}], '') AS {sql_ident('c_' + n)}" for i, n in enumerate(top))},
+      CASE WHEN json_valid(__meta) THEN json_extract_string(__meta, {metas}) END AS __m,
+      CASE WHEN json_valid(__response)
+        THEN json_extract_string(__response, '$.choices[0].finish_reason') END AS __finish
+    FROM m"""
+    )
+    base.cleanup.append(table)
 
     def col(name: str) -> str:
-        return f"nullif(json_extract_string(__rec, {sql_str('$.' + sql_ident(name))}), '')"
-
-    # JSON columns may hold an object, or (CSV, some JSON exports) a string holding one.
-    meta = f"CASE WHEN json_valid({col('metadata')}) THEN {col('metadata')}::JSON END"
+        return sql_ident("c_" + name)
 
     def m(path: str) -> str:
-        return f"nullif(json_extract_string({meta}, {sql_str('$.' + path)}), '')"
+        return f"nullif(__m[{meta.index(path) + 1}], '')"
 
-    response = f"CASE WHEN json_valid({col('response')}) THEN {col('response')}::JSON END"
-    tf = options.tenant_field
     if tf is None:
         tenant = f"coalesce({col('team_id')}, {m('user_api_key_team_id')})"
     elif tf.startswith("metadata."):
@@ -143,7 +174,7 @@ def open_source(
         "first_token_at": col("completionStartTime"),
         "completed_at": col("endTime"),
         "e2e_ms": col("request_duration_ms"),
-        "finish_reason": f"json_extract_string({response}, '$.choices[0].finish_reason')",
+        "finish_reason": "__finish",
         "model": f"coalesce({col('model_group')}, {col('model')})",
         "api_key_id": col("api_key"),
         "client_ip": f"coalesce({col('requester_ip_address')}, {m('requester_ip_address')})",

@@ -33,8 +33,18 @@ KINDS = ("requests",)
 TENANT_KINDS = ("requests",)
 DEFAULT_TENANT_FIELD = "tenant.id"
 
-_ATTRS = '\'[{"key": "VARCHAR", "value": "JSON"}]\''
-_LIST = "'[\"JSON\"]'"
+# One typed parse per export: every value as text (OTLP writes 64-bit integers as strings and
+# some exporters as numbers; both read the same).
+_VALUE = (
+    '{"stringValue": "VARCHAR", "intValue": "VARCHAR", "doubleValue": "VARCHAR", '
+    '"boolValue": "VARCHAR", "arrayValue": {"values": [{"stringValue": "VARCHAR"}]}}'
+)
+_ATTRS = f'[{{"key": "VARCHAR", "value": {_VALUE}}}]'
+_SPAN = (
+    '{"traceId": "VARCHAR", "spanId": "VARCHAR", "name": "VARCHAR", '
+    '"startTimeUnixNano": "VARCHAR", "endTimeUnixNano": "VARCHAR", '
+    f'"attributes": {_ATTRS}, "status": {{"code": "VARCHAR"}}}}'
+)
 # Canonical columns an attribute of the same name fills.
 _BY_NAME = ("request_id", "prefill_node", "decode_node", "dp_rank", "bootstrap_room", "api_key_id")
 
@@ -44,13 +54,15 @@ def sniff(text: str) -> str | None:
     return "an OTLP/JSON trace export (resourceSpans)" if '"resourceSpans"' in text else None
 
 
-def _value(v: str) -> str:
-    """SQL of an OTLP AnyValue (JSON) as text: scalars as they are, arrays by first value."""
+def _texts(attrs: str) -> str:
+    """SQL of an attribute list as a map of name -> text (an array by its first value)."""
+    value = (
+        "coalesce(x.value.stringValue, x.value.intValue, x.value.doubleValue, "
+        'x.value.boolValue, x.value.arrayValue."values"[1].stringValue)'
+    )
     return (
-        f"coalesce(json_extract_string({v}, '$.stringValue'), "
-        f"json_extract_string({v}, '$.intValue'), json_extract_string({v}, '$.doubleValue'), "
-        f"json_extract_string({v}, '$.boolValue'), "
-        f"json_extract_string({v}, '$.arrayValue.values[0].stringValue'))"
+        f"map_from_entries(list_transform(coalesce({attrs}, []), "
+        f"lambda x: {{'key': x.key, 'value': {value}}}))"
     )
 
 
@@ -68,73 +80,71 @@ def open_source(
         return adapted(base, "(SELECT 1 WHERE false)", {})
     table = f"__kv_otel_{tag}"
     tenant = sql_str(options.tenant_field or DEFAULT_TENANT_FIELD)
-    # Exports -> resources -> scopes -> spans, each level unnested with its position, so the
-    # spans keep file order; a line that holds no span stays as one row (to be rejected).
+    # Exports -> resources -> spans, each level unnested with its position, so the spans keep
+    # file order; a line that holds no span stays as one row (to be rejected). Spans are
+    # parsed one by one, after the split: an export line holds hundreds, and many small parses
+    # run in parallel where one large one cannot.
     con.execute(
         f"""CREATE TEMP TABLE {table} AS
     WITH l AS (
       SELECT __kv_row, __kv_line, json_valid(__kv_line) AS ok FROM {base.relation}
     ),
     r AS (
-      SELECT __kv_row, unnest(from_json(json_extract(__kv_line, '$.resourceSpans'), {_LIST}))
-               AS res,
-             generate_subscripts(from_json(json_extract(__kv_line, '$.resourceSpans'), {_LIST}),
-               1) AS ri
+      SELECT __kv_row, unnest(json_extract(__kv_line, '$.resourceSpans[*]')) AS res,
+        generate_subscripts(json_extract(__kv_line, '$.resourceSpans[*]'), 1) AS ri
       FROM l WHERE ok
     ),
     s AS (
-      SELECT __kv_row, ri, res,
-        unnest(from_json(coalesce(json_extract(res, '$.scopeSpans'),
-               json_extract(res, '$.instrumentationLibrarySpans')), {_LIST})) AS sc,
-        generate_subscripts(from_json(coalesce(json_extract(res, '$.scopeSpans'),
-               json_extract(res, '$.instrumentationLibrarySpans')), {_LIST}), 1) AS si
+      SELECT __kv_row, ri,
+        json_transform(json_extract(res, '$.resource.attributes'), {sql_str(_ATTRS)}) AS rattrs,
+        list_concat(json_extract(res, '$.scopeSpans[*].spans[*]'),
+                    json_extract(res, '$.instrumentationLibrarySpans[*].spans[*]')) AS spans
       FROM r
     ),
     p AS (
-      SELECT __kv_row, ri, si, res,
-        unnest(from_json(json_extract(sc, '$.spans'), {_LIST})) AS span,
-        generate_subscripts(from_json(json_extract(sc, '$.spans'), {_LIST}), 1) AS pi
+      SELECT __kv_row, ri, rattrs, unnest(spans) AS raw_span,
+        generate_subscripts(spans, 1) AS pi
       FROM s
     ),
-    spans AS (
-      SELECT __kv_row AS line, ri, si, pi, span,
-        map_from_entries(coalesce(from_json(json_extract(span, '$.attributes'), {_ATTRS}), []))
-          AS a,
-        map_from_entries(coalesce(from_json(json_extract(res, '$.resource.attributes'),
-          {_ATTRS}), [])) AS ra
-      FROM p
+    t AS (
+      SELECT *, try(json_transform(raw_span, {sql_str(_SPAN)})) AS span FROM p
+    ),
+    spans AS MATERIALIZED (
+      SELECT __kv_row AS line, ri, 0 AS si, pi,
+        {_texts("span.attributes")} AS a, {_texts("rattrs")} AS ra,
+        span.traceId AS trace_id, span.spanId AS span_id, span.name AS name,
+        span.startTimeUnixNano AS start_ns, span.endTimeUnixNano AS end_ns,
+        span.status.code AS status
+      FROM t
     ),
     rows AS (
-      SELECT line, ri, si, pi, span, a, ra, NULL AS why FROM spans
-      UNION ALL
-      SELECT __kv_row, 0, 0, 0, NULL, NULL, NULL,
+      SELECT *, NULL AS why FROM spans
+      UNION ALL BY NAME
+      SELECT __kv_row AS line, 0 AS ri, 0 AS si, 0 AS pi, __kv_line,
         CASE WHEN NOT ok THEN 'not valid JSON'
              WHEN json_extract(__kv_line, '$.resourceSpans') IS NULL
              THEN 'no resourceSpans: not an OTLP/JSON trace export'
-             ELSE 'an export with no spans' END
+             ELSE 'an export with no spans' END AS why
       FROM l WHERE __kv_row NOT IN (SELECT line FROM spans)
     )
-    SELECT row_number() OVER (ORDER BY line, ri, si, pi) AS __kv_row, line, span, a, ra,
-      coalesce(why, CASE WHEN len(list_filter(map_keys(a), lambda k: starts_with(k, 'gen_ai.'))) = 0
-        THEN 'a span with no gen_ai.* attribute: not an inference call' END) AS __why,
-      CASE WHEN span IS NULL THEN (SELECT __kv_line FROM l WHERE l.__kv_row = line)
-           ELSE span::VARCHAR END AS __kv_line
+    SELECT row_number() OVER (ORDER BY line, ri, si, pi) AS __kv_row, rows.*,
+      coalesce(why, CASE WHEN len(list_filter(map_keys(a), lambda k: starts_with(k, 'gen_ai.')))
+        = 0 THEN 'a span with no gen_ai.* attribute: not an inference call' END) AS __why
     FROM rows"""
     )
     base.cleanup.append(table)
 
     def attr(*names: str) -> str:
-        return "coalesce(" + ", ".join(_value(f"a[{sql_str(n)}]") for n in names) + ")"
+        return "coalesce(" + ", ".join(f"a[{sql_str(n)}]" for n in names) + ")"
 
     error_type = attr("error.type")
-    status = "coalesce(json_extract_string(span, '$.status.code'), '')"
+    status = "coalesce(status, '')"
     failed = f"({error_type} IS NOT NULL OR {status} IN ('2', 'STATUS_CODE_ERROR'))"
     ttft = attr("gen_ai.response.time_to_first_chunk", "gen_ai.server.time_to_first_token")
-    start = "json_extract_string(span, '$.startTimeUnixNano')"
+    start = "start_ns"
     columns = {
-        "request_id": f"coalesce({attr('request_id', 'gen_ai.response.id')}, "
-        "json_extract_string(span, '$.spanId'))",
-        "tenant_id": f"coalesce({_value(f'a[{tenant}]')}, {_value(f'ra[{tenant}]')})",
+        "request_id": f"coalesce({attr('request_id', 'gen_ai.response.id')}, span_id)",
+        "tenant_id": f"coalesce(a[{tenant}], ra[{tenant}])",
         "received_at": start,
         "prompt_tokens": attr("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens"),
         # An inference span without an HTTP status succeeded unless it says it failed;
@@ -146,7 +156,7 @@ def open_source(
         "cached_tokens": attr("gen_ai.usage.cache_read.input_tokens"),
         "first_token_at": f"CAST(TRY_CAST({start} AS HUGEINT) + "
         f"CAST(round(TRY_CAST({ttft} AS DOUBLE) * 1e6) AS HUGEINT) * 1000 AS VARCHAR)",
-        "completed_at": "json_extract_string(span, '$.endTimeUnixNano')",
+        "completed_at": "end_ns",
         "ttft_ms": f"TRY_CAST({ttft} AS DOUBLE) * 1000",
         "finish_reason": attr("gen_ai.response.finish_reasons"),
         "model": attr("gen_ai.request.model", "gen_ai.response.model"),
@@ -175,20 +185,17 @@ def open_source(
         "user_agent.original",
         options.tenant_field or DEFAULT_TENANT_FIELD,
     ]
-    entry = f"lambda e: {{'key': e.key, 'value': {_value('e.value')}}}"
 
     def rest(attrs: str, keep: str) -> str:
-        # What is left of an attribute list once the mapped ones are taken out, as text.
+        # What is left of an attribute map once the mapped ones are taken out.
         return (
-            f"to_json(map_from_entries(list_transform(list_filter(map_entries({attrs}), "
-            f"lambda e: NOT list_contains({keep}, e.key)), {entry})))"
+            f"to_json(map_from_entries(list_filter(map_entries({attrs}), "
+            f"lambda e: NOT list_contains({keep}, e.key))))"
         )
 
     keep = "[" + ", ".join(sql_str(m) for m in mapped) + "]"
     extra = (
-        "json_object('trace_id', json_extract_string(span, '$.traceId'), "
-        "'span_id', json_extract_string(span, '$.spanId'), "
-        "'name', json_extract_string(span, '$.name'), "
+        "json_object('trace_id', trace_id, 'span_id', span_id, 'name', name, "
         f"'attributes', {rest('a', keep)}, 'resource', {rest('ra', f'[{tenant}]')})"
     )
     why = (
@@ -196,4 +203,9 @@ def open_source(
         f"'a failed call (error.type ' || coalesce({error_type}, 'not set') || ') without an "
         "HTTP status: what the client got is not in the span' END)"
     )
-    return adapted(base, table, columns, pre_error=why, extra=extra)
+    # A rejected span is shown as the attributes it has; a rejected line as it is.
+    raw = (
+        "coalesce(__kv_line, to_json({'trace_id': trace_id, 'span_id': span_id, 'name': name, "
+        "'attributes': a})::VARCHAR)"
+    )
+    return adapted(base, table, columns, pre_error=why, extra=extra, raw_expr=raw)

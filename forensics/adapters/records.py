@@ -72,8 +72,7 @@ def json_object(pairs: dict[str, str]) -> str:
     """SQL of a JSON object of ``name -> SQL value`` pairs, null members left out, NULL when
     every member is null. (A JSON merge patch onto ``{}`` drops the nulls.)"""
     body = ", ".join(f"{sql_str(k)}, {v}" for k, v in pairs.items())
-    merged = f"json_merge_patch('{{}}', json_object({body}))"
-    return f"CASE WHEN {merged}::VARCHAR = '{{}}' THEN NULL ELSE {merged} END"
+    return f"nullif(json_merge_patch('{{}}', json_object({body}))::VARCHAR, '{{}}')::JSON"
 
 
 def without(document: str, paths: list[str]) -> str:
@@ -88,8 +87,7 @@ def without(document: str, paths: list[str]) -> str:
         node[last] = None
     import json
 
-    # json() writes the result compactly, however the document was laid out.
-    return f"json(json_merge_patch({document}, {sql_str(json.dumps(patch))}))"
+    return f"json_merge_patch({document}, {sql_str(json.dumps(patch))})"
 
 
 def adapted(

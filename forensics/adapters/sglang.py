@@ -165,19 +165,21 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
         "recv_ts": "request_received_ts",
         "done_ts": "request_finished_ts",
     }
+    # Request events hold meta_info under out; exporter records at the top, beside their
+    # request_parameters. Each line is parsed once, for the paths of its own kind.
+    exported = dict(paths)
     for name, key in meta.items():
         paths[f"m_{name}"] = f"$.out.meta_info.{key}"
-        paths[f"x_{name}"] = f"$.{key}"
-    keys = list(paths)
+        exported[f"m_{name}"] = f"$.{key}"
     pick = "[" + ", ".join(sql_str(p) for p in paths.values()) + "]"
-    j = {k: f"__j[{i + 1}]" for i, k in enumerate(keys)}
+    pick_exported = "[" + ", ".join(sql_str(p) for p in exported.values()) + "]"
+    j = {k: f"__j[{i + 1}]" for i, k in enumerate(paths)}
     params = ["rid", "bootstrap_room", "received_time", "data_parallel_rank"]
     ppick = "[" + ", ".join(sql_str(f"$.{p}") for p in params) + "]"
     ppick_label = sql_str(f"$.custom_labels.{_json_key(tf)}")
 
     def js(name: str) -> str:
-        # Exporter records hold meta_info at the top; request events under out.meta_info.
-        return f"coalesce({j['m_' + name]}, {j['x_' + name]})"
+        return j["m_" + name]
 
     msg = "__msg"
     # A Python repr quotes with ' unless the text holds a ' and no ".
@@ -214,7 +216,7 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
     }
     fields = {
         "line_at": f"CASE WHEN __valid THEN {j['timestamp']} ELSE __at END",
-        "rid": f"coalesce({j['rid']}, __rp[1], {j['m_id']}, {j['x_id']}, {o['rid']}, "
+        "rid": f"coalesce({j['rid']}, __rp[1], {j['m_id']}, {o['rid']}, "
         f"{m['id']}, {head['rid']}, nullif(__abort.rid, ''), "
         "nullif(__cap.rid, ''))",
         "room": f"coalesce({j['room']}, __rp[2], {o['room']}, {head['room']})",
@@ -241,7 +243,10 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
         f"""CREATE TEMP TABLE {facts} AS
     WITH l AS ({_lines(base.relation)}),
     j AS (
-      SELECT *, CASE WHEN __valid THEN json_extract_string(__kv_line, {pick}) END AS __j
+      SELECT *, CASE WHEN NOT __valid THEN NULL
+        WHEN contains(__kv_line, '"request_parameters"')
+        THEN json_extract_string(__kv_line, {pick_exported})
+        ELSE json_extract_string(__kv_line, {pick}) END AS __j
       FROM l
     ),
     e AS (
@@ -358,10 +363,18 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
             "cached_tokens": "TRY_CAST(cached AS BIGINT)",
             "e2e_latency": "TRY_CAST(e2e AS DOUBLE)",
             "time_stats": "stats",
-            "logged": "CASE WHEN json_exists(last_json, '$.request_parameters') "
-            f"THEN {_exported_rest()} ELSE {_json_rest()} END",
             "lines": "lines",
         }
+    )
+    # The logged record joins the scalars after their nulls are gone: stripping nulls costs a
+    # pass over everything it is given, and the record is by far the largest part.
+    logged = (
+        "CASE WHEN json_exists(last_json, '$.request_parameters') "
+        f"THEN {_exported_rest()} ELSE {_json_rest()} END"
+    )
+    extra = (
+        f"CASE WHEN last_json IS NULL THEN {extra} "
+        f"ELSE json_merge_patch(coalesce({extra}, '{{}}'), json_object('logged', {logged})) END"
     )
     return adapted(
         base, legs, columns, pre_error="__why", extra=f"CASE WHEN rid IS NOT NULL THEN {extra} END"
