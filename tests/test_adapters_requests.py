@@ -224,3 +224,39 @@ def test_litellm_tenant_field_in_metadata(memory_db):
 def test_a_format_that_does_not_map_the_kind_is_refused(memory_db):
     with pytest.raises(EvidenceError, match="format 'litellm' maps onto requests, not tenants"):
         ingest_file(memory_db, FORMATS / "spend_logs.json", "tenants", "litellm")
+
+
+def test_litellm_json_lines_with_a_broken_line_and_zoned_times(memory_db):
+    result = ingest_file(memory_db, FORMATS / "spend_logs.jsonl", "requests", "auto")
+    assert (result.format, result.rows_read, result.rows_loaded, result.rows_rejected) == (
+        "litellm",
+        3,
+        2,
+        1,
+    )
+    got = memory_db.execute(
+        "SELECT request_id, tenant_id, received_at, completed_at, prompt_tokens, http_status "
+        "FROM requests ORDER BY source_row"
+    ).fetchall()
+    # An empty team_id falls back to the key's team in metadata (there a JSON string).
+    assert got == [
+        ("sl-1", "team-z", ts("2026-09-08 14:00:00"), ts("2026-09-08 14:00:01"), 42, 200),
+        ("sl-3", "team-y", ts("2026-09-08 14:05:00"), None, 3, 200),
+    ]
+    assert rejects(memory_db, result.evidence_id) == [(2, None, "not valid JSON")]
+
+
+def test_an_export_without_spans_and_an_empty_file(tmp_path, memory_db):
+    path = tmp_path / "spans.jsonl"
+    path.write_text('{"resourceSpans": []}\n{"resourceSpans": [{"scopeSpans": []}]}\n')
+    result = ingest_file(memory_db, path, "requests", "otel")
+    assert (result.rows_read, result.rows_loaded) == (2, 0)
+    assert rejects(memory_db, result.evidence_id) == [
+        (1, None, "an export with no spans"),
+        (2, None, "an export with no spans"),
+    ]
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    for fmt in ("otel", "litellm"):
+        done = ingest_file(memory_db, empty, "requests", fmt)
+        assert (done.rows_read, done.rows_loaded, done.rows_rejected) == (0, 0, 0)

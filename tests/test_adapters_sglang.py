@@ -300,3 +300,11 @@ def test_a_damaged_compressed_log_loads_the_lines_before_the_damage(tmp_path, me
     result = ingest_file(memory_db, path, "engine_legs", "sglang", defaults={"role": "prefill"})
     assert result.outcome == "partial"
     assert result.rows_read == result.rows_loaded + result.rows_rejected
+
+
+def test_an_empty_log_loads_nothing_and_says_so(tmp_path, memory_db):
+    for i, kind in enumerate(("engine_legs", "pool_snapshots")):
+        path = tmp_path / f"decode-{i}.log"
+        path.write_text("\r\n" * (i + 1))  # blank lines only (two files: two digests)
+        result = ingest_file(memory_db, path, kind, "sglang", defaults={"role": "decode"})
+        assert (result.rows_read, result.rows_loaded, result.rows_rejected) == (0, 0, 0)

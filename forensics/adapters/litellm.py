@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from forensics.adapters.records import adapted, open_records, without
+from forensics.adapters.records import adapted, nothing, open_records, without
 from forensics.errors import EvidenceError
 from forensics.readers import detect_type, sql_ident, sql_str
 from forensics.readers import open_source as open_canonical
@@ -111,7 +111,7 @@ def open_source(
     """A LiteLLM spend log export as requests."""
     base, records = _records(con, path, tag, progress)
     if base.empty:
-        return adapted(base, "(SELECT 1 WHERE false)", {})
+        return nothing(base)
     tf = options.tenant_field
     top = [*_MAPPED, "metadata", "response"]
     meta = [

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from forensics.adapters.records import adapted, open_records
+from forensics.adapters.records import adapted, nothing, open_records
 from forensics.readers import sql_str
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ def open_source(
     """The GenAI spans of an OTLP/JSON file as requests."""
     base = open_records(con, path, tag, progress)
     if base.empty:
-        return adapted(base, "(SELECT 1 WHERE false)", {})
+        return nothing(base)
     table = f"__kv_otel_{tag}"
     tenant = sql_str(options.tenant_field or DEFAULT_TENANT_FIELD)
     # Exports -> resources -> spans, each level unnested with its position, so the spans keep

@@ -118,3 +118,8 @@ def adapted(
         cleanup=base.cleanup,
         temp_files=base.temp_files,
     )
+
+
+def nothing(base: Source) -> Source:
+    """The source of a file with no record at all (no line, no data row)."""
+    return adapted(base, "(SELECT NULL::BIGINT AS __kv_row, NULL AS __kv_line WHERE false)", {})

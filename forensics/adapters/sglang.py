@@ -26,7 +26,14 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from forensics.adapters.records import adapted, json_object, node_from_name, open_records, without
+from forensics.adapters.records import (
+    adapted,
+    json_object,
+    node_from_name,
+    nothing,
+    open_records,
+    without,
+)
 from forensics.errors import EvidenceError
 from forensics.readers import sql_str
 
@@ -137,7 +144,7 @@ def _last(text: str, field: str, value: str) -> str:
 def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
     tf = options.tenant_field or DEFAULT_TENANT_FIELD
     if base.empty:
-        return adapted(base, "(SELECT 1 WHERE false)", {})
+        return nothing(base)
     facts, legs = f"__kv_sg_facts_{tag}", f"__kv_sg_legs_{tag}"
     label = re.escape(tf)
     # JSON request-log events and exporter records, in one parse per line.
@@ -429,7 +436,7 @@ _SERVER_INFO = {
 
 def _snapshots(con, base: Source, tag: str, node: str, options: Options) -> Source:
     if base.empty:
-        return adapted(base, "(SELECT 1 WHERE false)", {})
+        return nothing(base)
     table = f"__kv_sg_pool_{tag}"
     paths = [p for group in _SERVER_INFO.values() for p in group]
     pick = "[" + ", ".join(sql_str(p) for p in paths) + "]"
