@@ -112,22 +112,20 @@ def _lines(table: str) -> str:
     FROM {table}"""
 
 
-def _after_last(text: str, sep: str) -> str:
-    """SQL of what follows the last ``sep`` in ``text`` (NULL without one). A repr logs the
-    request's text before its own fields and the generated text before ``meta_info``, so the
-    last occurrence is the engine's, whatever the texts hold."""
-    return (
-        f"CASE WHEN contains({text}, {sql_str(sep)}) THEN right({text}, "
-        f"strpos(reverse({text}), {sql_str(sep[::-1])}) - 1) END"
-    )
+def _after_last(text: str, rev: str, sep: str) -> str:
+    """SQL of what follows the last ``sep`` in ``text`` (NULL without one), ``rev`` being
+    ``text`` reversed (made once per line). A repr logs the request's text before its own
+    fields and the generated text before ``meta_info``, so the last occurrence is the
+    engine's, whatever the texts hold."""
+    at = f"strpos({rev}, {sql_str(sep[::-1])})"
+    return f"CASE WHEN {at} > 0 THEN right({text}, {at} - 1) END"
 
 
-def _before_last(text: str, sep: str) -> str:
+def _before_last(text: str, rev: str, sep: str) -> str:
     """SQL of what precedes the last ``sep`` in ``text`` (all of it without one)."""
-    return (
-        f"CASE WHEN contains({text}, {sql_str(sep)}) THEN left({text}, length({text}) - "
-        f"strpos(reverse({text}), {sql_str(sep[::-1])}) + 1 - {len(sep)}) ELSE {text} END"
-    )
+    at = f"strpos({rev}, {sql_str(sep[::-1])})"
+    end = f"length({text}) - {at} + 1 - {len(sep)}"
+    return f"CASE WHEN {at} > 0 THEN left({text}, {end}) ELSE {text} END"
 
 
 def _re(text: str, pattern: str) -> str:
@@ -212,25 +210,27 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
         "cached": _re("__st_head", r"cached_input_len=(\d+)"),
         "role": _re("__st_head", r"type=(\w+)"),
     }
+    # A text-form request's own fields are read once per request, from its last repr, after
+    # grouping (its Receive and Finish lines log the same ones); only the rid is needed first.
     o = {
-        "rid": _last("__obj", "rid", "'([^']*)'"),
-        "room": _last("__obj", "bootstrap_room", r"(\d+)"),
-        "recv": _last("__obj", "received_time", r"([0-9.eE+-]+)"),
-        "dp": _last("__obj", "data_parallel_rank", r"(\d+)"),
-        "label": _re(
-            _last("__obj", "custom_labels", r"(\{[^}]*\})"), r"'" + label + r"': '([^']*)'"
+        "room": _last("obj_text", "bootstrap_room", r"(\d+)"),
+        "recv": _last("obj_text", "received_time", r"([0-9.eE+-]+)"),
+        "dp": _last("obj_text", "data_parallel_rank", r"(\d+)"),
+        "tenant": _re(
+            _last("obj_text", "custom_labels", r"(\{[^}]*\})"), r"'" + label + r"': '([^']*)'"
         ),
     }
+    obj_rid = _last("__obj", "rid", "'([^']*)'")
     fields = {
         "line_at": f"CASE WHEN __valid THEN {j['timestamp']} ELSE __at END",
-        "rid": f"coalesce({j['rid']}, __rp[1], {j['m_id']}, {o['rid']}, "
-        f"{m['id']}, {head['rid']}, nullif(__abort.rid, ''), "
+        "rid": f"coalesce({j['rid']}, __rp[1], {j['m_id']}, {m['id']}, "
+        f"{obj_rid}, {head['rid']}, nullif(__abort.rid, ''), "
         "nullif(__cap.rid, ''))",
-        "room": f"coalesce({j['room']}, __rp[2], {o['room']}, {head['room']})",
-        "recv": f"coalesce({j['recv']}, __rp[3], {js('recv_ts')}, {o['recv']})",
+        "room": f"coalesce({j['room']}, __rp[2], {head['room']})",
+        "recv": f"coalesce({j['recv']}, __rp[3], {js('recv_ts')})",
         "e2e": f"coalesce({js('e2e')}, {m['e2e']})",
         "done": js("done_ts"),
-        "dp": f"coalesce({js('dp')}, {j['dp_obj']}, __rp[4], {m['dp']}, {o['dp']})",
+        "dp": f"coalesce({js('dp')}, {j['dp_obj']}, __rp[4], {m['dp']})",
         "prompt": f"coalesce({js('prompt')}, {m['prompt']}, {head['prompt']}, nullif(__cap.n, ''))",
         "output": f"coalesce({js('output')}, {m['output']}, {head['output']})",
         "cached": f"coalesce({js('cached')}, {m['cached']}, {head['cached']})",
@@ -242,7 +242,8 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
         "capacity": "ev = 'capacity'",
         "role": head["role"],
         "stats": "nullif(__st_body, '')",
-        "tenant": f"coalesce({j['label']}, {j['header']}, __rpl, {o['label']})",
+        "tenant": f"coalesce({j['label']}, {j['header']}, __rpl)",
+        "obj_text": "__obj",
         # A request's last JSON record: what it holds beyond the mapped fields is kept.
         "last_json": "CASE WHEN __valid AND ev IN ('finished', 'exported') THEN __kv_line END",
     }
@@ -275,6 +276,8 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
         ELSE 'other' END AS ev
       FROM j
     ),
+    r AS (SELECT *, CASE WHEN ev = 'finished' AND NOT __valid THEN reverse({msg}) END AS __rev
+      FROM e),
     t AS (
       -- Each kind of line is taken apart only where it is that kind of line.
       SELECT *,
@@ -284,9 +287,10 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
           THEN json_extract_string({j["params"]}, {ppick_label}) END AS __rpl,
         CASE WHEN __valid THEN NULL
           WHEN ev = 'received' THEN substr({msg}, 14)
-          WHEN ev = 'finished' THEN {_before_last(f"substr({msg}, 13)", ", out={")} END AS __obj,
+          WHEN ev = 'finished' THEN substr({_before_last(msg, "__rev", ", out={")}, 13) END
+          AS __obj,
         CASE WHEN ev = 'finished' AND NOT __valid
-          THEN {_after_last(msg, "'meta_info': {")} END AS __meta,
+          THEN {_after_last(msg, "__rev", "'meta_info': {")} END AS __meta,
         CASE WHEN ev = 'timestats' THEN regexp_extract({msg}, {sql_str(stats)}, ['head', 'body'])
           END AS __st,
         CASE WHEN ev = 'aborted'
@@ -295,7 +299,7 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
         CASE WHEN ev = 'capacity' THEN regexp_extract({msg},
           '^Request (\\S+) exceeds the maximum number of tokens: (\\d+) > (\\d+)',
           ['rid', 'n', 'max']) END AS __cap
-      FROM e
+      FROM r
     ),
     f AS (SELECT *, nullif(__st.head, '') AS __st_head, __st.body AS __st_body FROM t)
     SELECT __kv_row, __kv_line, ev, {", ".join(f"{v} AS {k}" for k, v in fields.items())}
@@ -307,7 +311,8 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
     events = ", ".join(f"'{e}'" for e in _REQUEST_EVENTS)
     con.execute(
         f"""CREATE TEMP TABLE {legs} AS
-    SELECT min(__kv_row) AS __kv_row, arg_min(__kv_line, __kv_row) AS __kv_line,
+    SELECT * REPLACE ({", ".join(f"coalesce({k}, {v}) AS {k}" for k, v in o.items())})
+    FROM (SELECT min(__kv_row) AS __kv_row, arg_min(__kv_line, __kv_row) AS __kv_line,
       NULL AS __why, rid,
       coalesce(max(role), {role_sql}) AS role,
       arg_min(recv, __kv_row) FILTER (WHERE recv IS NOT NULL) AS recv,
@@ -329,9 +334,10 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
       bool_or(capacity) AS capacity,
       arg_max(stats, __kv_row) FILTER (WHERE stats IS NOT NULL) AS stats,
       arg_max(tenant, __kv_row) FILTER (WHERE tenant IS NOT NULL) AS tenant,
+      arg_max(obj_text, __kv_row) FILTER (WHERE obj_text IS NOT NULL) AS obj_text,
       arg_max(last_json, __kv_row) FILTER (WHERE last_json IS NOT NULL) AS last_json,
       count(*) AS lines
-    FROM {facts} WHERE ev IN ({events}) AND rid IS NOT NULL GROUP BY rid
+    FROM {facts} WHERE ev IN ({events}) AND rid IS NOT NULL GROUP BY rid)
     UNION ALL BY NAME
     SELECT __kv_row, __kv_line,
       CASE WHEN ev IN ({events}) THEN {sql_str(_OTHER["no_rid"])} ELSE {reasons} END END
