@@ -27,7 +27,8 @@ runner = CliRunner()
         ("prefill-0.log", "sglang", "SGLang output ('max_total_num_tokens=681280')"),
         ("decode-0_0.log", "sglang", 'SGLang output (\'"event": "request.received\')'),
         ("sglang-request-metrics-20260908_14.log", "sglang", "SGLang output"),
-        ("server_info-decode-0.json", "sglang", "SGLang output ('\"max_total_num_tokens\"')"),
+        ("server_info-decode-0.json", "sglang", "SGLang output ('\"model_path\"')"),
+        ("server_info-unified.json", "sglang", "SGLang output ('\"model_path\"')"),
         ("traces.jsonl", "otel", "an OTLP/JSON trace export (resourceSpans)"),
         ("spend_logs.csv", "litellm", "a LiteLLM spend log export"),
         ("spend_logs.json", "litellm", "a LiteLLM spend log export"),
@@ -42,6 +43,11 @@ def test_auto_says_which_format_and_why(name, fmt, why):
 def test_auto_takes_canonical_records_and_parquet_and_refuses_the_unknown(tmp_path):
     (tmp_path / "r.jsonl").write_text('{"request_id": "a"}\n')
     (tmp_path / "r.csv").write_text("request_id,tenant_id\na,t\n")
+    # A canonical snapshot names the pool as a server-info document does; it is not one.
+    (tmp_path / "p.jsonl").write_text(
+        '{"node": "d-0", "observed_at": "2026-09-08T14:00:00Z", "max_total_num_tokens": 9}\n'
+    )
+    assert sniff(tmp_path / "p.jsonl")[0] == "canonical"
     pq.write_table(pa.table({"request_id": ["a"]}), tmp_path / "r.parquet")
     (tmp_path / "notes.txt").write_text("hello\nworld\n")
     assert sniff(tmp_path / "r.jsonl") == ("canonical", "JSON or CSV records of no other format")

@@ -50,8 +50,11 @@ EXPORTER_PREFIX = "sglang-request-metrics-"
 
 # The logging prefix of every engine line: ``[2026-09-08 14:02:00 TP0] message``.
 _PREFIX = r"^\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)(?: [^\]]*)?\]"
+# A server-info document by keys only SGLang's server arguments have (a canonical snapshot
+# also holds "max_total_num_tokens").
 _SNIFF = re.compile(
-    r'"event": ?"request\.(received|finished)|"request_parameters"|"max_total_num_tokens"'
+    r'"event": ?"request\.(received|finished)|"request_parameters"'
+    r'|"(model_path|disaggregation_mode|internal_states)"'
     r"|\] (Receive|Finish): obj=|\] (ReqTimeStats|Req Time Stats)\(|self\.rid='"
     r"|max_total_num_tokens=\d+"
 )
