@@ -146,7 +146,7 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
     tf = options.tenant_field or DEFAULT_TENANT_FIELD
     if base.empty:
         return nothing(base)
-    facts, legs = f"__kv_sg_facts_{tag}", f"__kv_sg_legs_{tag}"
+    legs = f"__kv_sg_legs_{tag}"
     label = re.escape(tf)
     # JSON request-log events and exporter records, in one parse per line.
     paths = {
@@ -250,8 +250,11 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
         # A request's last JSON record: what it holds beyond the mapped fields is kept.
         "last_json": "CASE WHEN __valid AND ev IN ('finished', 'exported') THEN __kv_line END",
     }
+    node_sql, role_sql = sql_str(node), sql_str(options.role) if options.role else "NULL"
+    reasons = "CASE ev " + " ".join(f"WHEN '{k}' THEN {sql_str(v)}" for k, v in _OTHER.items())
+    events = ", ".join(f"'{e}'" for e in _REQUEST_EVENTS)
     con.execute(
-        f"""CREATE TEMP TABLE {facts} AS
+        f"""CREATE TEMP TABLE {legs} AS
     WITH l AS ({_lines(base.relation)}),
     j AS (
       SELECT *, CASE WHEN NOT __valid THEN NULL
@@ -304,19 +307,22 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
           ['rid', 'n', 'max']) END AS __cap
       FROM r
     ),
-    f AS (SELECT *, nullif(__st.head, '') AS __st_head, __st.body AS __st_body FROM t)
-    SELECT __kv_row, __kv_line, ev, {", ".join(f"{v} AS {k}" for k, v in fields.items())}
-    FROM f"""
+    f AS (SELECT *, nullif(__st.head, '') AS __st_head, __st.body AS __st_body FROM t),
+    facts AS (
+      SELECT __kv_row, __kv_line, ev, {", ".join(f"{v} AS {k}" for k, v in fields.items())}
+      FROM f
+    ),
+    keyed AS (
+      SELECT *, CASE WHEN ev IN ({events}) AND rid IS NOT NULL THEN NULL
+        WHEN ev IN ({events}) THEN {sql_str(_OTHER["no_rid"])} ELSE {reasons} END END
+        AS __reason
+      FROM facts
     )
-    base.cleanup.append(facts)
-    node_sql, role_sql = sql_str(node), sql_str(options.role) if options.role else "NULL"
-    reasons = "CASE ev " + " ".join(f"WHEN '{k}' THEN {sql_str(v)}" for k, v in _OTHER.items())
-    events = ", ".join(f"'{e}'" for e in _REQUEST_EVENTS)
-    con.execute(
-        f"""CREATE TEMP TABLE {legs} AS
+    -- One pass groups the lines of each request; every other line is a group of its own.
     SELECT * REPLACE ({", ".join(f"coalesce({k}, {v}) AS {k}" for k, v in o.items())})
     FROM (SELECT min(__kv_row) AS __kv_row, arg_min(__kv_line, __kv_row) AS __kv_line,
-      NULL AS __why, rid,
+      any_value(__reason) AS __why,
+      CASE WHEN any_value(__reason) IS NULL THEN any_value(rid) END AS rid,
       coalesce(max(role), {role_sql}) AS role,
       arg_min(recv, __kv_row) FILTER (WHERE recv IS NOT NULL) AS recv,
       arg_min(line_at, __kv_row) FILTER (WHERE line_at IS NOT NULL) AS first_at,
@@ -340,12 +346,7 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
       arg_max(obj_text, __kv_row) FILTER (WHERE obj_text IS NOT NULL) AS obj_text,
       arg_max(last_json, __kv_row) FILTER (WHERE last_json IS NOT NULL) AS last_json,
       count(*) AS lines
-    FROM {facts} WHERE ev IN ({events}) AND rid IS NOT NULL GROUP BY rid)
-    UNION ALL BY NAME
-    SELECT __kv_row, __kv_line,
-      CASE WHEN ev IN ({events}) THEN {sql_str(_OTHER["no_rid"])} ELSE {reasons} END END
-        AS __why
-    FROM {facts} WHERE ev NOT IN ({events}) OR rid IS NULL"""
+    FROM keyed GROUP BY CASE WHEN __reason IS NULL THEN rid ELSE '#' || __kv_row END)"""
     )
     base.cleanup.append(legs)
     finished = (
