@@ -102,12 +102,13 @@ def open_source(
     return _legs(con, base, tag, node, options)
 
 
-def _lines(table: str) -> str:
-    """Each line's logging-prefix time and message, JSON lines flagged. String functions, not
-    one regular expression over the whole line: a request line is long."""
+def _lines(table: str, validate: bool = True) -> str:
+    """Each line's logging-prefix time and message, JSON lines flagged (and, with
+    ``validate``, checked). String functions, not one regular expression over the whole line:
+    a request line is long."""
+    valid = "starts_with(__kv_line, '{') AND json_valid(__kv_line) AS __valid," if validate else ""
     return f"""SELECT __kv_row, __kv_line,
-      starts_with(__kv_line, '{{') AS __json,
-      starts_with(__kv_line, '{{') AND json_valid(__kv_line) AS __valid,
+      starts_with(__kv_line, '{{') AS __json, {valid}
       CASE WHEN starts_with(__kv_line, '[')
         THEN nullif(regexp_extract(left(__kv_line, 64), {sql_str(_PREFIX)}, 1), '') END AS __at,
       CASE WHEN __at IS NOT NULL THEN ltrim(substr(__kv_line, strpos(__kv_line, ']') + 1), ' ')
@@ -255,12 +256,14 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
     events = ", ".join(f"'{e}'" for e in _REQUEST_EVENTS)
     con.execute(
         f"""CREATE TEMP TABLE {legs} AS
-    WITH l AS ({_lines(base.relation)}),
+    WITH l AS ({_lines(base.relation, validate=False)}),
     j AS (
-      SELECT *, CASE WHEN NOT __valid THEN NULL
+      -- One parse per JSON line: a line that does not parse has no values, and is bad JSON.
+      SELECT *, CASE WHEN NOT __json THEN NULL
         WHEN contains(__kv_line, '"request_parameters"')
-        THEN json_extract_string(__kv_line, {pick_exported})
-        ELSE json_extract_string(__kv_line, {pick}) END AS __j
+        THEN try(json_extract_string(__kv_line, {pick_exported}))
+        ELSE try(json_extract_string(__kv_line, {pick})) END AS __j,
+        __j IS NOT NULL AS __valid
       FROM l
     ),
     e AS (
