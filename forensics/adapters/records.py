@@ -34,17 +34,15 @@ def open_records(
     table = source.relation
     # Only a file that starts like a JSON value and has lines that are no JSON value by
     # themselves is tried as one document: log files never pay for the whole-file join.
-    starts, broken = con.execute(
+    [(starts, broken)] = con.execute(
         f"SELECT regexp_matches(arg_min(__kv_line, __kv_row), {sql_str(_DOCUMENT_START)}), "
         f"count(*) FILTER (WHERE NOT json_valid(__kv_line)) > 0 FROM {table}"
-    ).fetchone()
-    spread = (
-        starts
-        and broken
-        and con.execute(
+    ).fetchall()
+    spread = False
+    if starts and broken:
+        [(spread,)] = con.execute(
             f"SELECT json_valid(string_agg(__kv_line, chr(10) ORDER BY __kv_row)) FROM {table}"
-        ).fetchone()[0]
-    )
+        ).fetchall()
     if spread:
         doc = f"{table}_doc"
         con.execute(
