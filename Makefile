@@ -13,6 +13,8 @@ $(BIN)/forensics: pyproject.toml
 
 demo: $(BIN)/forensics
 	$(BIN)/forensics run sample_data/case.toml --out sample_data/report
+	$(BIN)/forensics run sample_data/real-formats --out sample_data/real-formats/report
+	@echo "Report (the same kind of case from SGLang logs and OTLP spans): sample_data/real-formats/report/report.html"
 
 test: $(BIN)/forensics
 	$(BIN)/python -m pytest -q
@@ -29,3 +31,4 @@ bench: $(BIN)/forensics
 
 clean:
 	rm -rf $(VENV) sample_data/report sample_data/case.duckdb
+	rm -rf sample_data/real-formats/report sample_data/real-formats/case.duckdb

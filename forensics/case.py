@@ -329,6 +329,13 @@ def _evidence(path: Path, i: int, item: Any, tz: str) -> Evidence:
     role = r.get("role", str)
     if role is not None and role not in ROLES:
         r.fail("role", f"must be one of {', '.join(ROLES)}, got {role!r}")
+    from forensics.adapters import check_entry
+
+    tenant_field = r.get("tenant_field", str)
+    problem = check_entry(fmt, kind, tenant_field)
+    if problem:
+        # Nothing in an entry is accepted and then ignored.
+        r.fail("tenant_field" if "tenant_field" in problem else "format", problem)
     return Evidence(
         kind=kind,
         format=fmt,
@@ -336,7 +343,7 @@ def _evidence(path: Path, i: int, item: Any, tz: str) -> Evidence:
         node=r.get("node", str),
         role=role,
         observed_at=r.instant("observed_at", tz),
-        tenant_field=r.get("tenant_field", str),
+        tenant_field=tenant_field,
     )
 
 

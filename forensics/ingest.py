@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 # progress(file label, bytes done, bytes total): called as a file is read and loaded.
 Progress = Callable[[str, int, int], None]
 
-SUPPORTED_FORMATS = ("canonical", "auto")
+SUPPORTED_FORMATS = ("canonical", "sglang", "otel", "litellm", "auto")
 _tags = itertools.count(1)
 
 __all__ = [
@@ -253,15 +253,14 @@ def check_timezone(tz: str) -> None:
 
 
 def check_format(fmt: str) -> str:
-    """The canonical format name for ``fmt``; adapters are not part of canonical ingest."""
+    """``fmt`` itself when ingest reads it (``auto`` is resolved per file, by its content)."""
     from forensics.case import FORMATS
 
     if fmt not in FORMATS:
         raise ForensicsError(f"unknown format {fmt!r} (expected one of: {', '.join(FORMATS)})")
     if fmt not in SUPPORTED_FORMATS:
         raise EvidenceError(f"format {fmt!r} is not supported yet")
-    # "auto" sniffs among adapters; with canonical the only format, it means canonical.
-    return "canonical"
+    return fmt
 
 
 def file_sha256(path: Path) -> tuple[str, int]:
@@ -318,6 +317,7 @@ def ingest_file(
     defaults: dict[str, Any] | None = None,
     progress: Progress | None = None,
     label: str | None = None,
+    tenant_field: str | None = None,
 ) -> FileResult:
     """Load one evidence file into its canonical table, in one transaction.
 
@@ -326,12 +326,15 @@ def ingest_file(
         path: the file; its extension decides the reader (.jsonl/.ndjson/.json, .csv,
             .parquet, each optionally .gz or .zst).
         kind: the canonical table (requests, engine_legs, pool_snapshots, ...).
-        fmt: ``canonical`` or ``auto`` (adapters come later).
+        fmt: ``canonical``, an adapter format (``sglang``, ``otel``, ``litellm``: see
+            :mod:`forensics.adapters`) or ``auto``, which picks one from the file's first
+            bytes; the format read is recorded in ``evidence.format``.
         timezone: the zone of timestamps that carry no offset.
         defaults: column -> value for columns the file lacks (an [[evidence]] entry's node,
             role or observed_at).
         progress: called with (label, bytes done, bytes total) while the file loads.
         label: the name recorded in ``evidence.path`` and in messages (default: ``path``).
+        tenant_field: the field holding the tenant, where it is not the format's default.
 
     Returns:
         The file's result; ``skipped`` is True when a file with the same sha256 was already
@@ -404,7 +407,16 @@ def ingest_file(
     try:
         try:
             # Reading is the first half of the work, casting and inserting the second.
-            source = open_source(con, path, tag, lambda d, t: report(d // 2, t))
+            source, fmt_name = _open(
+                con,
+                path,
+                kind,
+                fmt_name,
+                tag,
+                lambda d, t: report(d // 2, t),
+                defaults,
+                tenant_field,
+            )
             sql, names = stage_sql(kind, source, timezone, defaults)
             opened = source
 
@@ -447,6 +459,36 @@ def ingest_file(
         raise
     report(size, size)
     return result
+
+
+def _open(
+    con, path: Path, kind: str, fmt: str, tag: str, progress, defaults, tenant_field
+) -> tuple[Source, str]:
+    """The file as a source of canonical columns, read directly or through its adapter, and
+    the format it was read in (``auto`` resolved)."""
+    from forensics import adapters
+
+    if fmt == "auto":
+        fmt, _ = adapters.sniff(path)
+    if fmt != "canonical":
+        options = adapters.Options(
+            node=defaults.get("node"),
+            role=defaults.get("role"),
+            observed_at=defaults.get("observed_at"),
+            tenant_field=tenant_field,
+        )
+        source = adapters.open_source(con, path, kind, fmt, tag, progress, options)
+    else:
+        problem = adapters.check_entry(fmt, kind, tenant_field)
+        if problem:
+            raise EvidenceError(problem)
+        source = open_source(con, path, tag, progress)
+        if tenant_field is not None and not source.empty:
+            # The tenant is in a column of another name: it stands for tenant_id.
+            if tenant_field not in source.columns:
+                raise EvidenceError(f"no column {tenant_field!r} (the entry's tenant_field)")
+            source.columns["tenant_id"] = source.columns[tenant_field]
+    return source, fmt
 
 
 def _load(
@@ -715,8 +757,12 @@ def _label(path: Path, folder: Path) -> str:
         return str(path)
 
 
+def _columns(kind: str) -> set[str]:
+    return {c.name for c in schema.columns(kind)}
+
+
 def _defaults(kind: str, entry: Any) -> dict[str, Any]:
-    names = {c.name for c in schema.columns(kind)}
+    names = _columns(kind)
     given = {"node": entry.node, "role": entry.role, "observed_at": entry.observed_at}
     return {k: v for k, v in given.items() if v is not None and k in names}
 
@@ -737,12 +783,12 @@ def _rows_in(path: Path) -> int | None:
 
 def _load_all(
     con: duckdb.DuckDBPyConnection,
-    jobs: Iterable[tuple[Path, str, str, str, dict[str, Any], str]],
+    jobs: Iterable[tuple[Path, str, str, str, dict[str, Any], str, str | None]],
     result: IngestResult,
     progress: Progress | None,
     entry: int | None = None,
 ) -> None:
-    for path, kind, fmt, tz, defaults, label in jobs:
+    for path, kind, fmt, tz, defaults, label, tenant_field in jobs:
         resolved = str(path.resolve())
         try:
             result.files.append(
@@ -755,6 +801,7 @@ def _load_all(
                     defaults=defaults,
                     progress=progress,
                     label=label,
+                    tenant_field=tenant_field,
                 )
             )
         except ResourceError:
@@ -869,7 +916,15 @@ def ingest_case(case: Case, progress: Progress | None = None) -> IngestResult:
                 files += found
             defaults = _defaults(entry.kind, entry)
             jobs = [
-                (f, entry.kind, entry.format, case.timezone, defaults, _label(f, case.folder))
+                (
+                    f,
+                    entry.kind,
+                    entry.format,
+                    case.timezone,
+                    defaults,
+                    _label(f, case.folder),
+                    entry.tenant_field,
+                )
                 for f in dict.fromkeys(files)
             ]
             _load_all(con, jobs, result, progress, entry=i)
@@ -887,12 +942,16 @@ def ingest_paths(
     timezone: str = "UTC",
     progress: Progress | None = None,
     memory_limit: str | None = None,
+    node: str | None = None,
+    role: str | None = None,
+    tenant_field: str | None = None,
 ) -> IngestResult:
     """Load files (or globs) of one kind into the case database at ``db_path``.
 
     Failures (files that could not be loaded, patterns that matched nothing) are returned and
     stored in ``evidence_failures``, replacing what was recorded before for the same paths.
-    ``memory_limit`` caps DuckDB's memory (see :func:`forensics.db.connect`).
+    ``memory_limit`` caps DuckDB's memory (see :func:`forensics.db.connect`). ``node``,
+    ``role`` and ``tenant_field`` say what an [[evidence]] entry's keys of those names say.
 
     Raises:
         ForensicsError: a bad kind, format name or time zone (before anything is loaded).
@@ -903,6 +962,13 @@ def ingest_paths(
     check_kind(kind)
     check_timezone(timezone)
     check_format(fmt)
+    from forensics.adapters import check_entry
+
+    problem = check_entry(fmt, kind, tenant_field)
+    if problem:
+        raise ForensicsError(problem)
+    given = {"node": node, "role": role}
+    defaults = {k: v for k, v in given.items() if v is not None and k in _columns(kind)}
     result = IngestResult()
     files: list[Path] = []
     for pattern in (str(p) for p in paths):
@@ -917,7 +983,8 @@ def ingest_paths(
     files = list(dict.fromkeys(files))
     con = connect(db_path, memory_limit=memory_limit)
     try:
-        _load_all(con, [(f, kind, fmt, timezone, {}, str(f)) for f in files], result, progress)
+        jobs = [(f, kind, fmt, timezone, defaults, str(f), tenant_field) for f in files]
+        _load_all(con, jobs, result, progress)
         tried = [str(f) for f in files] + [f.path for f in result.failures]
         _record_failures(con, "files", result.failures, tried)
     finally:

@@ -101,6 +101,7 @@ class Source:
     empty: bool = False
     problem: str | None = None
     rows_lost: int | None = None
+    damage: Damage | None = None  # the damage behind ``problem``, when there is one
     cleanup: list[str] = field(default_factory=list, repr=False)  # temp tables to drop
     temp_files: list[str] = field(default_factory=list, repr=False)
 
@@ -215,6 +216,18 @@ def open_source(
 
 
 def _open_jsonl(con, path: Path, compression, tag: str, progress) -> Source:
+    source = open_lines(con, path, compression, tag, progress)
+    if source.empty:
+        return source
+    return _json_lines(con, source)
+
+
+def open_lines(con, path: Path, compression, tag: str, progress=None) -> Source:
+    """The lines of a text file as a temp table ``(__kv_row, __kv_line)``, blank lines left out.
+
+    Decompression, a byte-order mark, CRLF endings and a damaged compressed file are handled
+    here, so every line-based format (JSON Lines, engine logs) gets them alike.
+    """
     import pyarrow as pa
 
     table = f"__kv_lines_{tag}"
@@ -272,18 +285,22 @@ def _open_jsonl(con, path: Path, compression, tag: str, progress) -> Source:
                 raw_line = raw_line.removeprefix("\ufeff")
             reason = f"{CUT_REASON}: {damage.describe()}"
             source.early_rejects.append((line_no + 1, None, reason, raw_line))
-        source.problem = _lost(damage, "line", line_no)
+        source.problem, source.damage = _lost(damage, "line", line_no), damage
     elif tail:
         # An uncompressed file may end without a newline (or be cut mid-line): its last line
         # is read as it is, and rejected if it does not parse.
         insert(tail)
 
+    if con.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 0:
+        source.empty = True
+    return source
+
+
+def _json_lines(con, source: Source) -> Source:
+    table, damage = source.relation, source.damage
     valid, count = con.execute(
         f"SELECT count(*) FILTER (WHERE json_valid(__kv_line)), count(*) FROM {table}"
     ).fetchone()
-    if count == 0:
-        source.empty = True
-        return source
     if valid == 0:
         damaged = f"; {damage.describe()}" if damage else ""
         raise EvidenceError(

@@ -106,11 +106,13 @@ def test_an_unsupported_format_is_a_usage_error_listing_the_supported_ones(tmp_p
         "--kind",
         "requests",
         "--format",
-        "sglang",
+        "helicone",
     ]
     result = runner.invoke(app, args)
     assert result.exit_code == 2
-    assert "'sglang' is not one of 'canonical', 'auto'" in result.output
+    assert "'helicone' is not one of 'canonical', 'sglang', 'otel', 'litellm', 'auto'" in (
+        result.output
+    )
     assert not (tmp_path / "c.duckdb").exists()
 
 

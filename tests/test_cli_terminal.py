@@ -258,7 +258,8 @@ def test_help_reads_like_a_command_line():
     # Help text is not console markup: the manifest's table keeps its name.
     assert "[database].memory_limit" in run
     ingest = invoke(["ingest", "--help"]).output
-    assert "--format <canonical|auto>" in ingest
+    assert "--format <canonical|sglang|otel|litellm|auto>" in ingest
+    assert "--role <prefill|decode|unified>" in ingest
     assert "--kind <requests|engine_legs|pool_snapshots|kv_allocations|tenants>" in ingest
     assert "{CASE} {REQUEST_ID}" in invoke(["explain", "--help"]).output
     assert "  --json " in invoke(["status", "--help"]).output
@@ -305,9 +306,9 @@ def test_ingest_into_a_folder_that_does_not_exist_is_refused(tmp_path):
 
 
 def test_simulate_lists_its_formats_on_a_bad_one(tmp_path):
-    result = invoke(["simulate", str(tmp_path / "sim"), "--format", "sglang"])
+    result = invoke(["simulate", str(tmp_path / "sim"), "--format", "helicone"])
     assert result.exit_code == 2
-    assert "'sglang' is not one of 'canonical'" in result.output
+    assert "'helicone' is not one of 'canonical', 'sglang', 'otel', 'litellm'" in result.output
     assert not (tmp_path / "sim").exists()
 
 

@@ -388,7 +388,9 @@ def test_corrupt_files_fail_alone_while_the_others_load(tmp_path):
 
 def test_unsupported_format_and_kind_are_clear_errors(tmp_path, memory_db):
     path = write(tmp_path / "r.jsonl", _rows())
-    with pytest.raises(EvidenceError, match="format 'sglang' is not supported yet"):
+    with pytest.raises(EvidenceError, match="format 'helicone' is not supported yet"):
+        ingest_file(memory_db, path, "requests", "helicone")
+    with pytest.raises(EvidenceError, match="format 'sglang' maps onto engine_legs, pool_"):
         ingest_file(memory_db, path, "requests", "sglang")
     with pytest.raises(ForensicsError, match="unknown evidence kind 'request'"):
         ingest_file(memory_db, path, "request")

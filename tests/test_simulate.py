@@ -369,7 +369,7 @@ def test_cli_writes_a_case_and_rejects_other_formats(tmp_path):
     assert "affected" in res.output
     assert (tmp_path / "c" / "case.toml").exists()
     assert not (tmp_path / "c" / "evidence" / "kv_allocations.parquet").exists()
-    res = runner.invoke(app, ["simulate", str(tmp_path / "d"), "--format", "sglang"])
+    res = runner.invoke(app, ["simulate", str(tmp_path / "d"), "--format", "helicone"])
     assert res.exit_code == 2
     assert not (tmp_path / "d").exists()
 
@@ -379,5 +379,5 @@ def test_library_rejects_unknown_settings(tmp_path):
 
     with pytest.raises(ForensicsError, match="unknown setting"):
         simulate_case(tmp_path, requests=500, no_such_knob=1)
-    with pytest.raises(ForensicsError, match="format"):
-        simulate_case(tmp_path, requests=500, fmt="otel")
+    with pytest.raises(ForensicsError, match="format 'helicone' .supported: canonical, sglang,"):
+        simulate_case(tmp_path, requests=500, fmt="helicone")

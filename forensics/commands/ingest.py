@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from forensics.app import CASE_ARG, MEMORY_OPT, app, error, handle_errors
+from forensics.case import ROLES
 from forensics.ingest import SUPPORTED_FORMATS
 from forensics.schema import KINDS
 
@@ -24,6 +25,7 @@ Kind = StrEnum("Kind", {k: k for k in KINDS})  # type: ignore[misc]
 # else is a usage error that lists these.
 Format = StrEnum("Format", {f: f for f in SUPPORTED_FORMATS})  # type: ignore[misc]
 DEFAULT_FORMAT = Format("canonical")
+Role = StrEnum("Role", {r: r for r in ROLES})  # type: ignore[misc]
 
 
 def is_case(target: str) -> bool:
@@ -74,13 +76,35 @@ def ingest(
         help="Zone of timestamps without an offset (with a database only).",
     ),
     memory_limit: str | None = MEMORY_OPT,
+    node: str | None = typer.Option(
+        None,
+        "--node",
+        help="Engine node of files that do not name it (with a database only).",
+        show_default=False,
+    ),
+    role: Role | None = typer.Option(
+        None, "--role", help="Engine role of the files (with a database only).", show_default=False
+    ),
+    tenant_field: str | None = typer.Option(
+        None,
+        "--tenant-field",
+        metavar="NAME",
+        help="Field, attribute or label holding the tenant (with a database only).",
+        show_default=False,
+    ),
 ) -> None:
     """Load a case's evidence, or files by name into a database.
 
     `forensics ingest CASE` loads what the manifest lists; `forensics ingest DB FILE...
     --kind KIND` loads files of one kind into a case database.
     """
+    entry = {"node": node, "role": role.value if role else None, "tenant_field": tenant_field}
     if is_case(target):
+        if any(entry.values()):
+            raise typer.BadParameter(
+                "with a case, --node, --role and --tenant-field come from its [[evidence]] entries",
+                param_hint="--node",
+            )
         if files or kind is not None:
             raise typer.BadParameter(
                 "with a case, files and --kind come from its [[evidence]] entries",
@@ -100,7 +124,9 @@ def ingest(
                 "`forensics ingest DB FILE... --kind KIND`)",
                 param_hint="CASE|DB",
             )
-    _ingest(target, files or [], kind.value if kind else None, fmt.value, timezone, memory_limit)
+    _ingest(
+        target, files or [], kind.value if kind else None, fmt.value, timezone, memory_limit, entry
+    )
 
 
 @handle_errors
@@ -111,6 +137,7 @@ def _ingest(
     fmt: str,
     timezone: str,
     memory_limit: str | None = None,
+    entry: dict[str, str | None] | None = None,
 ) -> None:
     from forensics.case import Evidence, load_case
     from forensics.errors import ForensicsError
@@ -135,7 +162,14 @@ def _ingest(
         found = [f for p in files for f in Evidence(kind=kind, format=fmt, paths=(p,)).files()]
         with Steps(make_console(stderr=True), files=len(dict.fromkeys(found))) as steps:
             result = ingest_paths(
-                target, files, kind, fmt, timezone, progress=steps.file, memory_limit=memory_limit
+                target,
+                files,
+                kind,
+                fmt,
+                timezone,
+                progress=steps.file,
+                memory_limit=memory_limit,
+                **(entry or {}),
             )
     _summary(make_console(), result, where)
     # Everything else has loaded by now; evidence that did not load whole is an error.
@@ -149,11 +183,16 @@ def _ingest(
 def _summary(console: Console, result: IngestResult, where: Path) -> None:
     from forensics.terminal import Col, Grid, plural, shown, styled
 
+    formats = {f.format for f in result.files} | {f.format for f in result.failures}
+    adapted = bool(formats - {"canonical"})
     grid = Grid(
         f"Evidence loaded into {shown(where)}",
         [
             Col("file"),
             Col("kind"),
+            # The format each file was read in (auto's choice among them) once any is not
+            # canonical: a canonical-only ingest reads as it always has.
+            *([Col("format")] if adapted else []),
             Col("read", right=True),
             Col("loaded", right=True),
             Col("rejected", right=True),
@@ -167,10 +206,13 @@ def _summary(console: Console, result: IngestResult, where: Path) -> None:
         if f.outcome == "partial":
             status = styled(("PARTIAL", "red"), " (already loaded)" if f.skipped else "")
         counts = (f"{f.rows_read:,}", f"{f.rows_loaded:,}", f"{f.rows_rejected:,}")
-        grid.add_row(f.path, f.kind, *counts, status)
+        grid.add_row(f.path, f.kind, *([f.format] if adapted else []), *counts, status)
     for failure in result.failures:
         failed = "NO FILE" if failure.outcome == "missing" else "FAILED"
-        grid.add_row(failure.path, failure.kind, "-", "-", "-", styled((failed, "red")))
+        shown_format = [failure.format] if adapted else []
+        grid.add_row(
+            failure.path, failure.kind, *shown_format, "-", "-", "-", styled((failed, "red"))
+        )
     grid.print(console)
     # Problems are named only when there are some, so a clean ingest reads as it always has.
     more = ""

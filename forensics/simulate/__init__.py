@@ -36,7 +36,7 @@ from forensics.simulate.config import (
     max_req_input_len,
 )
 
-FORMATS = ("canonical",)
+FORMATS = ("canonical", "sglang", "otel", "litellm")
 
 __all__ = ["FORMATS", "SimConfig", "SimulationSummary", "simulate_case"]
 
@@ -75,7 +75,9 @@ def simulate_case(
         out_dir: the case folder (created; files of an earlier simulation there are replaced).
         requests: total client requests, researcher and internal canaries included.
         seed: everything is a function of it: the same seed gives the same bytes.
-        fmt: evidence format; only ``canonical`` for now.
+        fmt: evidence format: ``canonical``, or a real serving stack's (``sglang``: engine
+            logs only; ``otel``, ``litellm``: engine logs and that client log; see
+            :mod:`forensics.simulate.formats`).
         kv_allocations: also write the allocator log (``evidence/kv_allocations.parquet``).
         **config: any ``SimConfig`` field, e.g. ``days=3`` or ``page_size=32``.
 
@@ -90,7 +92,7 @@ def simulate_case(
     from forensics.simulate import allocator, fleet, probers, sessions, traffic, writer
 
     if fmt not in FORMATS:
-        raise ForensicsError(f"simulate: unknown format {fmt!r} (supported: canonical)")
+        raise ForensicsError(f"simulate: unknown format {fmt!r} (supported: {', '.join(FORMATS)})")
     if requests < 200:
         raise ForensicsError("simulate: --requests must be at least 200")
     cfg = make_config(**config)
@@ -251,6 +253,11 @@ def simulate_case(
     ]
     if kv_allocations:
         evidence.append(("kv_allocations", "canonical", ["evidence/kv_allocations.parquet"]))
+    if fmt != "canonical":
+        from forensics.simulate import formats
+
+        files, evidence = formats.rewrite(out, fmt, evidence)
+        files.append(out / "evidence" / "tenants.csv")
     case_path = out / "case.toml"
     case_path.write_text(_manifest(cfg, seed, requests, evidence), encoding="utf-8")
 

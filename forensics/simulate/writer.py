@@ -38,6 +38,11 @@ OWN_PATTERNS = (
     "truth/sessions.csv",
     "truth/probes.csv",
     "case.toml",
+    # The same evidence in the formats of a real serving stack (forensics.simulate.formats).
+    "evidence/sglang/*.log.gz",
+    "evidence/server_info/*.json",
+    "evidence/otel/traces-*.jsonl.gz",
+    "evidence/litellm/spend_logs-*.csv.gz",
 )
 
 
@@ -132,7 +137,7 @@ def case_toml(
     end: datetime,
     as_of: datetime,
     context_length: int,
-    evidence: list[tuple[str, str, list[str]]],
+    evidence: list[tuple],
     exclusions: list[dict],
     timeline: list[tuple[datetime, str, bool]],
 ) -> str:
@@ -154,14 +159,16 @@ def case_toml(
         'path = "case.duckdb"',
         "",
     ]
-    for kind, fmt, paths in evidence:
+    for kind, fmt, paths, *more in evidence:
         lines += [
             "[[evidence]]",
             f"kind = {_toml_str(kind)}",
             f"format = {_toml_str(fmt)}",
             f"paths = {_toml_list(paths)}",
-            "",
         ]
+        # What a file of a real format does not say itself: its node, role, time.
+        lines += [f"{k} = {_toml_str(v)}" for k, v in (more[0] if more else {}).items()]
+        lines.append("")
     lines += [
         "[detection]",
         "default_pool_tokens = 681280",
