@@ -27,6 +27,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from forensics import schema
 from forensics.casts import _SEP, stage_sql
 from forensics.errors import EvidenceError, ForensicsError, ResourceError
+from forensics.progress import StepProgress
 from forensics.readers import Source, open_source, sql_ident, sql_str
 from forensics.sql import first_row, scalar
 from forensics.status import (  # re-exported: the status API belongs to ingest's public face
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
     from forensics.case import Case
 
 # progress(file label, bytes done, bytes total): called as a file is read and loaded.
-Progress = Callable[[str, int, int], None]
+Progress = StepProgress
 
 SUPPORTED_FORMATS = ("canonical", "sglang", "otel", "litellm", "auto")
 _tags = itertools.count(1)
@@ -358,41 +359,10 @@ def ingest_file(
     except EvidenceError as exc:
         raise EvidenceError(f"{label}: {exc}") from None
     defaults = {k: v for k, v in (defaults or {}).items() if v is not None}
-    try:
-        sha, size = file_sha256(path)
-    except FileNotFoundError:
-        raise EvidenceError(f"{label}: file not found") from None
-    except OSError as exc:
-        raise EvidenceError(f"{label}: cannot read the file ({exc.strerror or exc})") from None
-
-    seen = _existing(con, sha)
+    sha, size = _fingerprint(path, label)
+    seen = _already_loaded(con, label, sha, size, kind)
     if seen is not None:
-        if seen[3] != kind:
-            error = EvidenceError(
-                f"{label}: the same file (sha256 {sha[:12]}) is already loaded as kind "
-                f"{seen[3]} from {seen[1]}"
-            )
-            error.sha256, error.bytes = sha, size
-            raise error
-        # Already loaded: its outcome stands (a partial file stays partial until a complete
-        # copy of it is loaded).
-        return FileResult(
-            label,
-            sha,
-            seen[2],
-            seen[3],
-            seen[4],
-            seen[5],
-            seen[6],
-            seen[7],
-            seen[8],
-            seen[9],
-            skipped=True,
-            evidence_id=seen[0],
-            outcome=seen[10] or "loaded",
-            problem=seen[11],
-            rows_lost=seen[12],
-        )
+        return seen
 
     def report(done: int, total: int) -> None:
         if progress:
@@ -459,6 +429,51 @@ def ingest_file(
         raise
     report(size, size)
     return result
+
+
+def _fingerprint(path: Path, label: str) -> tuple[str, int]:
+    """The file's sha256 and size; a missing or unreadable file is an EvidenceError."""
+    try:
+        return file_sha256(path)
+    except FileNotFoundError:
+        raise EvidenceError(f"{label}: file not found") from None
+    except OSError as exc:
+        raise EvidenceError(f"{label}: cannot read the file ({exc.strerror or exc})") from None
+
+
+def _already_loaded(
+    con: duckdb.DuckDBPyConnection, label: str, sha: str, size: int, kind: str
+) -> FileResult | None:
+    """The result of an earlier load of the same bytes, if any: its outcome stands (a partial
+    file stays partial until a complete copy of it is loaded). The same bytes as another kind
+    are refused."""
+    seen = _existing(con, sha)
+    if seen is None:
+        return None
+    if seen[3] != kind:
+        error = EvidenceError(
+            f"{label}: the same file (sha256 {sha[:12]}) is already loaded as kind "
+            f"{seen[3]} from {seen[1]}"
+        )
+        error.sha256, error.bytes = sha, size
+        raise error
+    return FileResult(
+        label,
+        sha,
+        seen[2],
+        seen[3],
+        seen[4],
+        seen[5],
+        seen[6],
+        seen[7],
+        seen[8],
+        seen[9],
+        skipped=True,
+        evidence_id=seen[0],
+        outcome=seen[10] or "loaded",
+        problem=seen[11],
+        rows_lost=seen[12],
+    )
 
 
 def _open(
