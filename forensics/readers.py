@@ -531,27 +531,39 @@ def _read_csv(
             source.early_rejects.append((complete + 1, None, reason, raw_cut))
         source.problem = _lost(damage, "data row", complete)
     if bad:
-        # Good rows arrive in order with their position among good rows; a skipped bad row
-        # shifts every later good row by one. k_j = b_j - j is how many good rows precede the
-        # j-th bad row, so a good row g lies after every bad row with k_j < g.
-        numbers = sorted(b[0] for b in bad)
-        shift = f"__kv_shift_{tag}"
-        # One statement over parallel lists: executemany costs about a millisecond a row.
-        # Bad rows in a row share one k; the good row after them follows the last (max j):
-        # the as-of join must see one row per k, or it may pick any of them.
-        con.execute(
-            f"CREATE TEMP TABLE {shift} AS SELECT k, max(j) AS j FROM "
-            "(SELECT unnest(?::BIGINT[]) AS k, unnest(?::BIGINT[]) AS j) GROUP BY k",
-            [[b - j for j, b in enumerate(numbers, start=1)], list(range(1, len(numbers) + 1))],
-        )
-        source.cleanup.append(shift)
-        source.relation = (
-            f"(SELECT t.*, t.__kv_good + coalesce(s.j, 0) AS __kv_datarow FROM {table} t "
-            f"ASOF LEFT JOIN {shift} s ON t.__kv_good > s.k)"
-        )
-        source.row_expr = "__kv_datarow"
+        _number_good_rows(con, source, table, [b[0] for b in bad], tag)
     if good == 0 and not bad:
         source.empty = True
+    _describe_columns(source, names)
+    return source
+
+
+def _number_good_rows(con, source: Source, table: str, bad_rows: list[int], tag: str) -> None:
+    """Give each good row its data-row number in the file, skipped malformed rows counted."""
+    # Good rows arrive in order with their position among good rows; a skipped bad row
+    # shifts every later good row by one. k_j = b_j - j is how many good rows precede the
+    # j-th bad row, so a good row g lies after every bad row with k_j < g.
+    numbers = sorted(bad_rows)
+    shift = f"__kv_shift_{tag}"
+    # One statement over parallel lists: executemany costs about a millisecond a row.
+    # Bad rows in a row share one k; the good row after them follows the last (max j):
+    # the as-of join must see one row per k, or it may pick any of them.
+    con.execute(
+        f"CREATE TEMP TABLE {shift} AS SELECT k, max(j) AS j FROM "
+        "(SELECT unnest(?::BIGINT[]) AS k, unnest(?::BIGINT[]) AS j) GROUP BY k",
+        [[b - j for j, b in enumerate(numbers, start=1)], list(range(1, len(numbers) + 1))],
+    )
+    source.cleanup.append(shift)
+    source.relation = (
+        f"(SELECT t.*, t.__kv_good + coalesce(s.j, 0) AS __kv_datarow FROM {table} t "
+        f"ASOF LEFT JOIN {shift} s ON t.__kv_good > s.k)"
+    )
+    source.row_expr = "__kv_datarow"
+
+
+def _describe_columns(source: Source, names: list[str]) -> None:
+    """The CSV's columns as text, how a rejected row's raw line is re-made, and how unknown
+    columns go into ``extra``."""
     for name in names:
         source.columns[name] = (sql_ident(name), "VARCHAR")
     # The raw text of a rejected row, re-serialised as the CSV line it came from.
@@ -578,7 +590,6 @@ def _read_csv(
         return f"CASE WHEN len({entries}) > 0 THEN to_json(map_from_entries({entries})) END"
 
     source.extra_keys = extra
-    return source
 
 
 def _csv_error(
