@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from forensics.report.data import iso, utc
@@ -335,12 +335,33 @@ _READ_KINDS = (
 )
 
 
-def scrub_others(text: str, own: str, others: list[str]) -> str:
-    """Free text (a case title) with every other tenant's id replaced by ``[redacted]``.
+class Scrubber:
+    """Replaces every tenant id but one's own in free text (a case title, the fix's basis).
+
+    Built once for all the notices: one pattern over every id, longest first, so scrubbing a
+    letter costs the same whether the case has ten tenants or ten thousand.
+
+    >>> Scrubber(["acct_1", "acct_9", "acct_12"]).scrub("acct_9 and acct_12 by acct_1", "acct_12")
+    '[redacted] and acct_12 by [redacted]'
+    """
+
+    def __init__(self, tenant_ids: Iterable[str]):
+        import re
+
+        ids = sorted({t for t in tenant_ids if t}, key=lambda t: (-len(t), t))
+        self._pattern = re.compile("|".join(map(re.escape, ids))) if ids else None
+
+    def scrub(self, text: str, own: str) -> str:
+        if self._pattern is None:
+            return text
+        return self._pattern.sub(lambda m: m[0] if m[0] == own else "[redacted]", text)
+
+
+def scrub_others(text: str, own: str, others: Iterable[str]) -> str:
+    """Free text with every other tenant's id replaced by ``[redacted]`` (one letter's worth;
+    :class:`Scrubber` serves many).
 
     >>> scrub_others("reported by acct_9", "acct_1", ["acct_1", "acct_9"])
     'reported by [redacted]'
     """
-    for other in sorted((o for o in others if o and o != own), key=lambda o: (-len(o), o)):
-        text = text.replace(other, "[redacted]")
-    return text
+    return Scrubber(others).scrub(text, own)

@@ -337,18 +337,18 @@ def write_notices(
         env: a template environment (default: :func:`forensics.report.render.environment`).
     """
     from forensics.remediation import remediation_status
-    from forensics.report.notices import assign_slugs, notice_contexts, scrub_others
+    from forensics.report.notices import Scrubber, assign_slugs, notice_contexts
     from forensics.report.render import environment, human_time
 
     template = (env or environment()).get_template("notice.md.j2")
-    others = sorted(tenant_ids | set(scope.tenants))
+    scrubber = Scrubber(tenant_ids | set(scope.tenants))
     fix = remediation_status(con, case)
     written: list[Path] = []
     slugs = assign_slugs(list(scope.tenants))
     for tenant, ctx in notice_contexts(con, scope):
         slug = slugs[tenant]
         ctx.update(
-            case_id=scrub_others(case.id, tenant, others),
+            case_id=scrubber.scrub(case.id, tenant),
             generated_on=human_time(generated_at),
             window_start=human_time(window.get("start")) if window.get("start") else "",
             window_end=human_time(window.get("end")) if window.get("end") else "",
@@ -356,7 +356,7 @@ def write_notices(
             fix={
                 "fixed": fix.fixed,
                 "fixed_at": fix.fixed_at,
-                "basis": scrub_others(fix.basis, tenant, others),
+                "basis": scrubber.scrub(fix.basis, tenant),
                 "last_affected_at": fix.last_affected_at,
                 "still_limited": bool(fix.still_limited),
             },
