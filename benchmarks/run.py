@@ -23,7 +23,8 @@ Usage::
     python benchmarks/run.py [--sizes 1M,2M,4M,8M,16M] [--formats parquet,jsonl]
         [--stages ingest,detect,report,run] [--jsonl-stages ingest|all]
         [--memory-limit 1GB] [--timeout 3600]
-        [--cache DIR] [--out FILE] [--no-peer]
+        [--cache DIR] [--out FILE] [--append] [--no-peer]
+    python benchmarks/run.py --show [--out FILE]
     python benchmarks/run.py --small [--cache DIR] [--out FILE]
 """
 
@@ -99,6 +100,7 @@ def measure(cmd: list[str], timeout: float, cwd: Path | None = None) -> dict:
     lines = [line for line in text.splitlines() if line.strip()]
     result = {
         "seconds": round(seconds, 2),
+        "measured_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "peak_rss_mb": round(rusage.ru_maxrss / 1024),
         "exit": proc.returncode,
         "outcome": "ok",
@@ -211,6 +213,24 @@ def growth(rows: list[dict]) -> None:
             last[key] = (row["requests"], r["seconds"])
 
 
+def ratios(rows: list[dict]) -> None:
+    """Per stage: its time over the floor's (same format) and over the peer's (same size)."""
+    peers = {r["requests"]: r["stages"]["peer"] for r in rows if "peer" in r["stages"]}
+    for row in rows:
+        floor_ = row["stages"].get("floor")
+        peer = peers.get(row["requests"])
+        row["ratios"] = {}
+        for name in STAGES:
+            r = row["stages"].get(name)
+            if r is None or r["outcome"] != "ok":
+                continue
+            row["ratios"][name] = {
+                ref: round(r["seconds"] / base["seconds"], 2)
+                for ref, base in (("floor", floor_), ("peer", peer))
+                if base is not None and base["outcome"] == "ok"
+            }
+
+
 def _cell(stage: dict | None) -> str:
     if stage is None:
         return "-"
@@ -224,7 +244,8 @@ def table(rows: list[dict], peers: dict[int, dict]) -> str:
     head = (
         f"{'requests':>9} {'format':7} {'rows':>6} {'floor':>11} {'peer':>11} "
         f"{'ingest':>12} {'detect':>12} {'report':>12} {'run':>12} "
-        f"{'run/floor':>9} {'run/peer':>8} {'RSS/peer':>8}  growth/doubling i d r run"
+        f"{'ingest/floor':>12} {'run/floor':>9} {'run/peer':>8} {'RSS/peer':>8}  "
+        "growth/doubling i d r run"
     )
     lines = [head]
     for row in rows:
@@ -237,6 +258,10 @@ def table(rows: list[dict], peers: dict[int, dict]) -> str:
             return f"{a / b:.1f}x" if a and b else "-"
 
         r_floor = ratio(run["seconds"], floor_ and floor_["seconds"]) if ok and floor_ else "-"
+        ing = s.get("ingest")
+        i_floor = "-"
+        if ing and floor_ and ing["outcome"] == floor_["outcome"] == "ok":
+            i_floor = ratio(ing["seconds"], floor_["seconds"])
         r_peer = r_rss = "-"
         if ok and peer and peer["outcome"] == "ok":
             r_peer = ratio(run["seconds"], peer["seconds"])
@@ -248,7 +273,7 @@ def table(rows: list[dict], peers: dict[int, dict]) -> str:
             f"{_cell(floor_):>11} {_cell(s.get('peer')):>11} "
             f"{_cell(s.get('ingest')):>12} {_cell(s.get('detect')):>12} "
             f"{_cell(s.get('report')):>12} {_cell(run):>12} "
-            f"{r_floor:>9} {r_peer:>8} {r_rss:>8}  {grow}"
+            f"{i_floor:>12} {r_floor:>9} {r_peer:>8} {r_rss:>8}  {grow}"
         )
     return "\n".join(lines)
 
@@ -292,7 +317,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="keep the rows already in --out (a size and format measured again is replaced)",
     )
+    parser.add_argument(
+        "--show", action="store_true", help="print the table of --out, measuring nothing"
+    )
     args = parser.parse_args(argv)
+    if args.show:
+        rows = json.loads(args.out.read_text())["rows"]
+        growth(rows)
+        ratios(rows)
+        peers = {r["requests"]: r["stages"]["peer"] for r in rows if "peer" in r["stages"]}
+        print(table(rows, peers))
+        return 0
 
     sizes = [SMALL] if args.small else sorted(parse_size(s) for s in args.sizes.split(","))
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
@@ -328,9 +363,14 @@ def main(argv: list[str] | None = None) -> int:
             row["planted_affected"] = meta["affected"]
             if "peer" in row["stages"]:
                 peers[requests] = row["stages"]["peer"]
-            rows = [r for r in rows if (r["requests"], r["format"]) != (requests, fmt)] + [row]
+            for old in [r for r in rows if (r["requests"], r["format"]) == (requests, fmt)]:
+                # Measured again: the new figures replace the old, stages not run now stay.
+                rows.remove(old)
+                row = {**old, **row, "stages": {**old["stages"], **row["stages"]}}
+            rows.append(row)
             rows.sort(key=lambda r: (r["requests"], r["format"] != "parquet"))
             growth(rows)
+            ratios(rows)
             write(args.out, started, args, rows)
     print()
     print(table(rows, peers))
