@@ -1,6 +1,6 @@
 """The scale benchmark harness (benchmarks/run.py) keeps working: its small mode runs end to end.
 
-Nothing here judges a time: the machine is shared and the small mode exists so the harness
+Nothing here judges a time: times vary from run to run, and the small mode exists so the harness
 cannot rot between the runs that measure.
 """
 
