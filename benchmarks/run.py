@@ -13,7 +13,7 @@ process with its peak resident memory:
 
 It prints one table and writes it with every measurement as JSON (``--out``, default
 ``benchmarks/results/latest.json``). A stage that fails, is killed or runs past ``--timeout``
-is recorded as such with the last line it printed; the stages after it on that case are
+is recorded as such with the last line it printed; the stages that need its result are
 skipped and the next size goes on. ``--small`` is the 200,000-request mode CI runs (8 prefill
 and 8 decode nodes, 500 tenants: the traffic density per node of the ladder): it proves the
 harness works, exits 1 when a stage fails, and asserts nothing about time.
