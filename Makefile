@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench bench-small bench-accuracy clean
 
 $(BIN)/forensics: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,20 @@ lint: $(BIN)/forensics
 	$(BIN)/ruff format --check forensics tests benchmarks
 	$(BIN)/mypy
 
+# Scale: forensics stage by stage against the load-once floor and the pandas peer, 1M to 16M
+# requests (SIZES=1M,2M picks sizes); cases are cached in benchmarks/.cache/, results written
+# to benchmarks/results/latest.json. Hours on a 2-core machine at full size.
+SIZES ?= 1M,2M,4M,8M,16M
 bench: $(BIN)/forensics
+	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python benchmarks/run.py --sizes $(SIZES)
+
+# The same harness at 200K requests (a few minutes): what tests/test_bench.py runs.
+bench-small: $(BIN)/forensics
+	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python benchmarks/run.py --small --out benchmarks/results/small.json
+
+bench-accuracy: $(BIN)/forensics
 	$(BIN)/python benchmarks/bench_detect.py --requests 1000000
 	$(BIN)/python benchmarks/bench_accuracy.py --seeds 1-5 --requests 40000
 	$(BIN)/python benchmarks/bench_exploitation.py --seeds 1-20 --requests 40000

@@ -1,0 +1,90 @@
+"""The scale benchmark harness (benchmarks/run.py) keeps working: its small mode runs end to end.
+
+Nothing here judges a time: times vary from run to run, and the small mode exists so the harness
+cannot rot between the runs that measure.
+"""
+
+from __future__ import annotations
+
+import doctest
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str):
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_docstring_examples():
+    result = doctest.testmod(_load("run"))
+    assert result.failed == 0 and result.attempted >= 2
+
+
+def test_measure_names_how_a_stage_ended():
+    run = _load("run")
+    failed = run.measure([sys.executable, "-c", "print('no such case'); raise SystemExit(3)"], 60)
+    assert failed["outcome"] == "failed (exit 3)"
+    assert failed["last_line"] == "no such case"
+    slow = run.measure([sys.executable, "-c", "import time; time.sleep(30)"], 0.5)
+    assert slow["outcome"] == "timeout after 0 s" and slow["seconds"] < 20
+    fine = run.measure([sys.executable, "-c", "print('done')"], 60)
+    assert fine["outcome"] == "ok" and fine["exit"] == 0 and fine["peak_rss_mb"] > 0
+
+
+def test_growth_per_doubling():
+    run = _load("run")
+    rows = [
+        {"requests": n, "format": "parquet", "stages": {"run": {"outcome": "ok", "seconds": s}}}
+        for n, s in ((1_000_000, 10.0), (2_000_000, 21.0), (8_000_000, 84.0))
+    ]
+    run.growth(rows)
+    assert rows[0]["growth_per_doubling"] == {}
+    assert rows[1]["growth_per_doubling"] == {"run": 2.1}
+    assert rows[2]["growth_per_doubling"] == {"run": 2.0}  # 4x over two doublings
+
+
+@pytest.mark.slow
+def test_small_mode_runs_every_stage(tmp_path):
+    out = tmp_path / "small.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "run.py"), "--small", "--cache", str(tmp_path / "cache")]
+        + ["--out", str(out), "--timeout", "900"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "run/floor" in proc.stdout and "growth/doubling" in proc.stdout
+    doc = json.loads(out.read_text())
+    assert doc["mode"] == "small" and doc["machine"]["cpus"] >= 1
+    by_format = {row["format"]: row for row in doc["rows"]}
+    assert set(by_format) == {"parquet", "jsonl"}
+    parquet = by_format["parquet"]
+    assert set(parquet["stages"]) == {"floor", "peer", "ingest", "detect", "report", "run"}
+    assert set(by_format["jsonl"]["stages"]) == {"floor", "ingest"}
+    for row in doc["rows"]:
+        for name, stage in row["stages"].items():
+            assert stage["outcome"] == "ok", (row["format"], name, stage)
+            assert stage["seconds"] > 0 and stage["peak_rss_mb"] > 0
+    # Every stage saw the same case: the floor loaded every row, forensics found every
+    # affected response the generator planted, and the peer flagged as many over the pool.
+    assert sum(parquet["floor_result"]["rows"].values()) == parquet["input_rows"]
+    assert parquet["found"]["affected"] == parquet["planted_affected"] > 0
+    assert parquet["peer_result"]["flagged"] == parquet["planted_affected"]
+    # The case stays cached for the next run; the databases and reports are gone.
+    (case,) = (tmp_path / "cache").iterdir()
+    assert (case / "meta.json").exists() and not list(case.rglob("*.duckdb"))
