@@ -18,21 +18,37 @@ SELECT scope, node, lag("at") OVER (PARTITION BY scope, node ORDER BY "at") AS f
        "at" AS to_at
 FROM coverage_series;
 
+-- Silences long enough to matter, with the span inside them where the other side's work
+-- would show (a minute's slack at each end).
+CREATE OR REPLACE TEMP TABLE coverage_candidates AS
+SELECT scope, node, from_at, to_at,
+       date_diff('millisecond', from_at, to_at) / 1000.0 AS gap_s,
+       from_at + INTERVAL 1 MINUTE AS lo, to_at - INTERVAL 1 MINUTE AS hi
+FROM coverage_silences
+WHERE date_diff('millisecond', from_at, to_at) / 1000.0 > $gap_s;
+
+-- The other side's work, per node: client requests routed to it (prefill or decode).
+CREATE OR REPLACE TEMP TABLE coverage_node_work AS
+SELECT prefill_node AS node, received_at AS "at" FROM scoped_requests
+WHERE prefill_node IS NOT NULL AND received_at IS NOT NULL
+UNION ALL
+SELECT decode_node, received_at FROM scoped_requests
+WHERE decode_node IS NOT NULL AND received_at IS NOT NULL
+  AND decode_node IS DISTINCT FROM prefill_node;
+
+-- A silence is a hole when the first piece of the other side's work after its start falls
+-- before its end: one as-of join per side, whatever the number of silences.
 CREATE OR REPLACE TEMP TABLE coverage_holes AS
-SELECT s.scope, s.node, s.from_at, s.to_at,
-       date_diff('millisecond', s.from_at, s.to_at) / 1000.0 AS gap_s
-FROM coverage_silences s
-WHERE date_diff('millisecond', s.from_at, s.to_at) / 1000.0 > $gap_s
-  AND CASE WHEN s.scope = 'requests' THEN EXISTS (
-             SELECT 1 FROM engine_legs l
-             WHERE l.started_at > s.from_at + INTERVAL 1 MINUTE
-               AND l.started_at < s.to_at - INTERVAL 1 MINUTE)
-           ELSE EXISTS (
-             SELECT 1 FROM scoped_requests r
-             WHERE (r.prefill_node = s.node OR r.decode_node = s.node)
-               AND r.received_at > s.from_at + INTERVAL 1 MINUTE
-               AND r.received_at < s.to_at - INTERVAL 1 MINUTE)
-      END;
+SELECT c.scope, c.node, c.from_at, c.to_at, c.gap_s
+FROM (SELECT * FROM coverage_candidates WHERE scope = 'requests') c
+ASOF JOIN (SELECT started_at AS "at" FROM engine_legs WHERE started_at IS NOT NULL) w
+  ON c.lo < w."at"
+WHERE w."at" < c.hi
+UNION ALL
+SELECT c.scope, c.node, c.from_at, c.to_at, c.gap_s
+FROM (SELECT * FROM coverage_candidates WHERE scope <> 'requests') c
+ASOF JOIN coverage_node_work w ON c.node = w.node AND c.lo < w."at"
+WHERE w."at" < c.hi;
 
 INSERT INTO findings_coverage
 SELECT c.scope, c.node, count(*), min(c."at"), max(c."at"),
