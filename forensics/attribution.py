@@ -256,9 +256,12 @@ def attribute(
     rows: list[Exposure] = []
     temporal_victims: list[str] = []  # no page-level method: every candidate tier
     drifted_victims: list[str] = []  # a replay that drifted: recent releases only
-    ordered = sorted(groups.items(), key=lambda g: (g[0][0], g[0][1] or -1))
+    # Ranks in the order the replay streams return them: node, then rank (none first).
+    ordered = sorted(groups.items(), key=lambda g: (g[0][0], g[0][1] is not None, g[0][1] or 0))
+    methods = {key: _choose_method(con, key[0], key[1], members) for key, members in ordered}
+    replays = _ReplayStreams(con, [k for k, (m, _) in methods.items() if m == "allocator_replay"])
     for done, ((node, rank), members) in enumerate(ordered):
-        method, why = _choose_method(con, node, rank, members)
+        method, why = methods[(node, rank)]
         if progress:
             where = node if rank is None else f"{node} rank {rank}"
             progress(f"Attribution: {_DOING[method]} {where}", done, len(ordered))
@@ -271,7 +274,12 @@ def attribute(
                 for m in members
             ]
             continue
-        replayed, per_victim, warning = _replay(con, node, rank, members, method)
+        victims_here = {m.request_id: m for m in members}
+        if method == "allocator_replay":
+            timeline, events = replays.take(node, rank)
+        else:
+            timeline, events = _replay_events(con, node, rank, method)
+        replayed, per_victim, warning = _walk(timeline, events, victims_here, method)
         rows += replayed
         if warning:
             result.warnings.append(("replay_drift", f"{node} rank {rank}: {warning}"))
@@ -358,23 +366,94 @@ _DOING = {
 _GROUP = "node = $node AND (dp_rank = $rank OR ($rank IS NULL AND dp_rank IS NULL))"
 
 
-def _replay(
-    con, node: str, rank, members: list[Victim], method: str
-) -> tuple[list[Exposure], dict[str, VictimStatus], str | None]:
-    """Replay one decode rank's pool; return exposure rows, each victim's status, a warning.
+# One decode rank's timeline as the replay reads it: its requests in allocation order.
+_TIMELINE_COLUMNS = """request_id, tenant_id, prompt_tokens, completion_tokens, source_table,
+                       free_at, client_record"""
 
-    DuckDB builds and orders the event list (:func:`_replay_events`); Python only walks it
-    (:func:`_walk`), so the cost is one pass over the rank's requests.
+
+class _ReplayStreams:
+    """The timelines and events of every rank replayed from its timeline, in two queries for
+    all the ranks (node, then rank), held as Arrow tables: each rank's rows are selected once,
+    never re-selected from the whole timeline, and become Python rows only while that rank is
+    replayed.
+
+    Events are in engine order within a rank: at one instant a pool (re)start first, then
+    frees, then allocations, each in request-id order. Each is ``(kind, request_id, timeline
+    index, pool_tokens, page_size, first pages, counts)``: kind 0 a pool start, 1 a free,
+    2 an allocation.
     """
-    timeline, events = _replay_events(con, node, rank, method)
-    return _walk(timeline, events, {m.request_id: m for m in members}, method)
+
+    def __init__(self, con, ranks: list[tuple[str, int | None]]):
+        self._timeline: Any = None
+        self._events: Any = None
+        self._at: dict[tuple[str, int | None], tuple[int, int, int, int]] = {}
+        if not ranks:
+            return
+        con.execute(
+            """CREATE OR REPLACE TEMP TABLE replay_timelines AS
+               SELECT row_number() OVER (PARTITION BY t.node, t.dp_rank
+                                         ORDER BY t.alloc_at, t.request_id) - 1 AS idx, t.*
+               FROM decode_timeline t
+               JOIN (SELECT UNNEST($ranks, recursive := true)) g
+                 ON g.node = t.node AND g.dp_rank IS NOT DISTINCT FROM t.dp_rank
+               WHERE t.alloc_at IS NOT NULL""",
+            {"ranks": [{"node": n, "dp_rank": r} for n, r in ranks]},
+        )
+        order = "ORDER BY node, dp_rank NULLS FIRST"
+        self._timeline = con.sql(
+            f"SELECT {_TIMELINE_COLUMNS} FROM replay_timelines {order}, idx"
+        ).to_arrow_table()
+        self._events = con.sql(
+            f"""WITH ranks AS (SELECT DISTINCT node, dp_rank FROM replay_timelines)
+                SELECT kind, rid, idx, pool_tokens, page_size,
+                       NULL::BIGINT[] AS firsts, NULL::BIGINT[] AS counts
+                FROM (
+                  SELECT r.node, r.dp_rank, epoch_us(l.observed_at) AS us, 0 AS kind,
+                         NULL::VARCHAR AS rid, NULL::BIGINT AS idx, l.pool_tokens, l.page_size
+                  FROM decode_limits l JOIN ranks r ON r.node = l.node
+                  UNION ALL
+                  SELECT node, dp_rank, epoch_us(alloc_at), 2, request_id, idx, NULL, NULL
+                  FROM replay_timelines
+                  UNION ALL
+                  SELECT node, dp_rank, epoch_us(free_at), 1, request_id, idx, NULL, NULL
+                  FROM replay_timelines WHERE free_at IS NOT NULL)
+                {order}, us, kind, rid NULLS FIRST"""
+        ).to_arrow_table()
+        # Where each rank's rows sit in the two tables (same order as the queries).
+        counts = con.execute(
+            f"""WITH t AS (SELECT node, dp_rank, count(*) AS n FROM replay_timelines
+                           GROUP BY ALL),
+                     e AS (SELECT l.node, r.dp_rank, count(*) AS n FROM decode_limits l
+                           JOIN (SELECT DISTINCT node, dp_rank FROM replay_timelines) r
+                             ON r.node = l.node GROUP BY ALL)
+                SELECT t.node, t.dp_rank, t.n, t.n + coalesce(e.n, 0)
+                    + (SELECT count(*) FROM replay_timelines x
+                       WHERE x.node = t.node AND x.dp_rank IS NOT DISTINCT FROM t.dp_rank
+                         AND x.free_at IS NOT NULL)
+                FROM t LEFT JOIN e ON e.node = t.node
+                                  AND e.dp_rank IS NOT DISTINCT FROM t.dp_rank
+                {order}"""
+        ).fetchall()
+        t_at = e_at = 0
+        for node, rank, n_timeline, n_events in counts:
+            self._at[(node, rank)] = (t_at, n_timeline, e_at, n_events)
+            t_at, e_at = t_at + n_timeline, e_at + n_events
+
+    def take(self, node: str, rank: int | None) -> tuple[list[TimelineRow], list[tuple]]:
+        """One rank's timeline and events, as Python rows."""
+        if (node, rank) not in self._at:
+            return [], []
+        t_at, t_n, e_at, e_n = self._at[(node, rank)]
+        # Column by column, then zipped: far cheaper than converting row by row.
+        columns = self._timeline.slice(t_at, t_n).to_pydict().values()
+        timeline = list(map(TimelineRow._make, zip(*columns, strict=True)))
+        events = list(zip(*self._events.slice(e_at, e_n).to_pydict().values(), strict=True))
+        return timeline, events
 
 
 def _replay_events(con, node: str, rank, method: str) -> tuple[list[TimelineRow], list[tuple]]:
-    """The rank's requests in allocation order, and its events in engine order: at one instant
-    a pool (re)start first, then frees, then allocations, each in request-id order. Each event
-    is ``(kind, request_id, timeline index, pool_tokens, page_size, first pages, counts)``,
-    kind 0 a pool start, 1 a free, 2 an allocation."""
+    """One rank's timeline and events, by its own queries: the allocation log's ranks (and any
+    rank asked for alone). Events as :class:`_ReplayStreams` gives them."""
     args = {"node": node, "rank": rank}
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE replay_rows AS
@@ -385,9 +464,7 @@ def _replay_events(con, node: str, rank, method: str) -> tuple[list[TimelineRow]
     timeline = [
         TimelineRow(*row)
         for row in con.execute(
-            """SELECT request_id, tenant_id, prompt_tokens, completion_tokens, source_table,
-                      free_at, client_record
-               FROM replay_rows ORDER BY idx"""
+            f"SELECT {_TIMELINE_COLUMNS} FROM replay_rows ORDER BY idx"
         ).fetchall()
     ]
     starts = """SELECT epoch_us(observed_at) AS us, 0 AS kind, NULL::VARCHAR AS rid,

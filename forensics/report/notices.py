@@ -75,7 +75,7 @@ INLINE_ROWS = 10
 
 # The notices' queries each cover every notified tenant at once ($tenants), ordered by tenant:
 # one query per part of the letters, whatever the number of tenants. A letter's context is then
-# built from its own tenant's rows only (_TenantRows), so nothing of another tenant reaches it.
+# built from its own tenant's rows only (OrderedGroups), so nothing of another tenant reaches it.
 
 # Per affected response of a recipient: whose data it read, by kind of source, at notified
 # confidences (page-level evidence). "ours" is excluded traffic (researcher, our own tests).
@@ -185,36 +185,6 @@ def _rows(cur) -> list[dict]:
 BATCH_ROWS = 10_000
 
 
-class _TenantRows:
-    """One query's rows, ordered by tenant, handed out one tenant at a time.
-
-    The rows stream from their own cursor in batches: memory holds a batch and one tenant's
-    rows, however many tenants and rows the case has.
-    """
-
-    def __init__(self, cur, batch: int | None = None):
-        self._cur, self._batch = cur, batch or BATCH_ROWS
-        self._names = [d[0] for d in cur.description]
-        self._buffer: list[tuple] = []
-        self._done = False
-
-    def _peek(self) -> tuple | None:
-        if not self._buffer and not self._done:
-            self._buffer = list(reversed(self._cur.fetchmany(self._batch)))
-            self._done = not self._buffer
-        return self._buffer[-1] if self._buffer else None
-
-    def take(self, tenant: str) -> list[dict]:
-        """Every row of ``tenant`` without its tenant column (tenants asked for in ascending
-        order)."""
-        out = []
-        while (row := self._peek()) is not None and row[0] <= tenant:
-            self._buffer.pop()
-            if row[0] == tenant:
-                out.append(dict(zip(self._names[1:], row[1:], strict=True)))
-        return out
-
-
 def notice_contexts(
     con: duckdb.DuckDBPyConnection, scope: Scope, tenants: list[str] | None = None
 ) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -234,6 +204,7 @@ def notice_contexts(
         the CSV) and ``inline`` (whether the letter lists them or points to the CSV).
     """
     from forensics.db import cursor
+    from forensics.sql import OrderedGroups
 
     wanted = sorted(set(scope.tenants if tenants is None else tenants))
     roles: dict[str, dict[str, Notification]] = {}
@@ -248,8 +219,8 @@ def notice_contexts(
     # Two result sets stream side by side: each needs its own cursor.
     rec_cur, src_cur = cursor(con), cursor(con)
     try:
-        recipients = _TenantRows(rec_cur.execute(_RECIPIENT_SQL, args))
-        sources = _TenantRows(src_cur.execute(_SOURCE_SQL, args))
+        recipients = OrderedGroups(rec_cur.execute(_RECIPIENT_SQL, args), batch=BATCH_ROWS)
+        sources = OrderedGroups(src_cur.execute(_SOURCE_SQL, args), batch=BATCH_ROWS)
         for tenant in wanted:
             own = roles.get(tenant, {})
             profile = profiles.get(tenant) or {}
@@ -262,7 +233,7 @@ def notice_contexts(
                 "recipient": None,
                 "source": None,
             }
-            rec_rows, src_rows = recipients.take(tenant), sources.take(tenant)
+            rec_rows, src_rows = recipients.take((tenant,)), sources.take((tenant,))
             if "recipient" in own:
                 ctx["recipient"] = _recipient_part(own["recipient"], rec_rows)
             if "source" in own:

@@ -68,3 +68,39 @@ def scalar(
     5
     """
     return first_row(con, query, values)[0]
+
+
+class OrderedGroups:
+    """A query's rows, ordered by a key, handed out one key at a time as they stream.
+
+    The first ``width`` columns are the key. Ask for keys in the query's own order, and only
+    for keys the query was filtered to: a key with no rows gets none. Memory holds one batch
+    and one key's rows, however many rows the query returns.
+
+    >>> import duckdb
+    >>> cur = duckdb.connect().execute(
+    ...     "SELECT * FROM (VALUES ('a', 1), ('a', 2), ('c', 3)) t(k, v) ORDER BY k, v")
+    >>> groups = OrderedGroups(cur, batch=1)
+    >>> groups.take(("a",)), groups.take(("b",)), groups.take(("c",))
+    ([{'v': 1}, {'v': 2}], [], [{'v': 3}])
+    """
+
+    def __init__(self, cur: Any, width: int = 1, batch: int = 10_000):
+        self._cur, self._width, self._batch = cur, width, batch
+        self._names = [d[0] for d in cur.description][width:]
+        self._buffer: list[tuple] = []
+        self._done = False
+
+    def _peek(self) -> tuple | None:
+        if not self._buffer and not self._done:
+            self._buffer = list(reversed(self._cur.fetchmany(self._batch)))
+            self._done = not self._buffer
+        return self._buffer[-1] if self._buffer else None
+
+    def take(self, key: tuple) -> list[dict]:
+        """Every row of ``key`` (its key columns left out)."""
+        out = []
+        while (row := self._peek()) is not None and tuple(row[: self._width]) == key:
+            self._buffer.pop()
+            out.append(dict(zip(self._names, row[self._width :], strict=True)))
+        return out
