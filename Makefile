@@ -13,8 +13,8 @@ $(BIN)/forensics: pyproject.toml
 
 demo: $(BIN)/forensics
 	$(BIN)/forensics run sample_data/case.toml --out sample_data/report
+	@echo "The same kind of case from SGLang engine logs and OTLP spans:"
 	$(BIN)/forensics run sample_data/real-formats --out sample_data/real-formats/report
-	@echo "Report (the same kind of case from SGLang logs and OTLP spans): sample_data/real-formats/report/report.html"
 
 test: $(BIN)/forensics
 	$(BIN)/python -m pytest -q
