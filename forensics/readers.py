@@ -228,6 +228,7 @@ def open_lines(con, path: Path, compression, tag: str, progress=None) -> Source:
     Decompression, a byte-order mark, CRLF endings and a damaged compressed file are handled
     here, so every line-based format (JSON Lines, engine logs) gets them alike.
     """
+    import numpy as np
     import pyarrow as pa
 
     table = f"__kv_lines_{tag}"
@@ -239,18 +240,13 @@ def open_lines(con, path: Path, compression, tag: str, progress=None) -> Source:
 
     def insert(data: bytes) -> None:
         nonlocal line_no, first
-        # Invalid UTF-8 is replaced rather than failing the file: the line still counts and
-        # usually still parses; its raw text keeps the replacement characters.
-        text = data.decode("utf-8", errors="replace")
         if first:
-            text, first = text.removeprefix("\ufeff"), False
-        lines = text.split("\n")
-        if text.endswith("\n"):
-            lines.pop()
+            data, first = data.removeprefix(b"\xef\xbb\xbf"), False
+        lines = _split_lines(data)
         batch = pa.table(
             {
-                "__kv_row": pa.array(range(line_no + 1, line_no + len(lines) + 1), pa.int64()),
-                "__kv_line": pa.array(lines, pa.string()),
+                "__kv_row": np.arange(line_no + 1, line_no + len(lines) + 1, dtype=np.int64),
+                "__kv_line": lines,
             }
         )
         line_no += len(lines)
@@ -294,6 +290,32 @@ def open_lines(con, path: Path, compression, tag: str, progress=None) -> Source:
     if con.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 0:
         source.empty = True
     return source
+
+
+def _split_lines(data: bytes):
+    """The lines of ``data`` (a final newline ends the last line, it starts none) as an Arrow
+    string array.
+
+    Arrow splits and checks the bytes without making a Python string of each line; a block
+    holding invalid UTF-8 is decoded by Python instead, which replaces the bad bytes rather
+    than failing the file: the line still counts and usually still parses, and its raw text
+    keeps the replacement characters.
+
+    >>> _split_lines(b"a\\nb\\n").to_pylist()
+    ['a', 'b']
+    >>> _split_lines(b"caf\\xc3\\xa9\\n\\xff").to_pylist()
+    ['café', '\ufffd']
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if data.endswith(b"\n"):
+        data = data[:-1]
+    lines = pc.split_pattern(pa.array([data], pa.large_binary()), b"\n").flatten()
+    try:
+        return lines.cast(pa.large_string())
+    except pa.ArrowInvalid:
+        return pa.array(data.decode("utf-8", errors="replace").split("\n"), pa.large_string())
 
 
 def _json_lines(con, source: Source) -> Source:

@@ -182,6 +182,8 @@ EXPECTED = datetime(2026, 9, 8, 14, 2, 3, tzinfo=UTC)
         ("1788876123", EXPECTED),  # numeric strings
         ("1788876123000", EXPECTED),
         ("1788876123.5", EXPECTED.replace(microsecond=500000)),
+        ("1788876123.233002", EXPECTED.replace(microsecond=233002)),  # as engines log it
+        ("1788876123.0000019", EXPECTED.replace(microsecond=1)),  # beyond us: floored
         (" 1788876123000123 ", EXPECTED.replace(microsecond=123)),
     ],
 )

@@ -32,11 +32,11 @@ def open_records(
     if source.empty:
         return source
     table = source.relation
-    # Only a file that starts like a JSON value and has lines that are no JSON value by
-    # themselves is tried as one document: log files never pay for the whole-file join.
+    # Only a file whose first line starts like a JSON value but is no JSON value by itself is
+    # tried as one document: log files and JSON Lines never pay for the whole-file join.
     [(starts, broken)] = con.execute(
         f"SELECT regexp_matches(arg_min(__kv_line, __kv_row), {sql_str(_DOCUMENT_START)}), "
-        f"count(*) FILTER (WHERE NOT json_valid(__kv_line)) > 0 FROM {table}"
+        f"NOT json_valid(arg_min(__kv_line, __kv_row)) FROM {table}"
     ).fetchall()
     spread = False
     if starts and broken:
@@ -68,9 +68,16 @@ def node_from_name(path: Path) -> str:
 
 def json_object(pairs: dict[str, str]) -> str:
     """SQL of a JSON object of ``name -> SQL value`` pairs, null members left out, NULL when
-    every member is null. (A JSON merge patch onto ``{}`` drops the nulls.)"""
-    body = ", ".join(f"{sql_str(k)}, {v}" for k, v in pairs.items())
-    return f"nullif(json_merge_patch('{{}}', json_object({body}))::VARCHAR, '{{}}')::JSON"
+    every member is null.
+
+    The text is put together member by member: a null value makes its member null, which
+    ``concat_ws`` skips. (A JSON function would parse and print the whole object again to drop
+    the nulls, and ingest builds one such object per row.) Each value is evaluated once.
+    """
+    import json
+
+    members = ", ".join(f"{sql_str(json.dumps(k) + ':')} || to_json({v})" for k, v in pairs.items())
+    return f"nullif('{{' || concat_ws(',', {members}) || '}}', '{{}}')::JSON"
 
 
 def without(document: str, paths: list[str]) -> str:

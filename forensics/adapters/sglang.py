@@ -137,6 +137,15 @@ def _re(text: str, pattern: str) -> str:
     return f"nullif(regexp_extract({text}, {sql_str(pattern)}, 1), '')"
 
 
+def _last_of(fields: str, field: str) -> str:
+    """SQL of the value of the last ``field=value`` in ``fields``, a list of such texts: the
+    request's own fields of a repr, read in one pass (see _after_last)."""
+    prefix = sql_str(field + "=")
+    return (
+        f"substr(list_filter({fields}, lambda x: starts_with(x, {prefix}))[-1], {len(field) + 2})"
+    )
+
+
 def _last(text: str, field: str, value: str) -> str:
     """SQL of the value of the last ``field=`` of a repr (the request's own, see _after_last)."""
     pattern = rf"[(, ]{field}={value}"
@@ -215,15 +224,18 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
         "role": _re("__st_head", r"type=(\w+)"),
     }
     # A text-form request's own fields are read once per request, from its last repr, after
-    # grouping (its Receive and Finish lines log the same ones); only the rid is needed first.
-    o = {
-        "room": _last("obj_text", "bootstrap_room", r"(\d+)"),
-        "recv": _last("obj_text", "received_time", r"([0-9.eE+-]+)"),
-        "dp": _last("obj_text", "data_parallel_rank", r"(\d+)"),
-        "tenant": _re(
-            _last("obj_text", "custom_labels", r"(\{[^}]*\})"), r"'" + label + r"': '([^']*)'"
-        ),
+    # grouping (its Receive and Finish lines log the same ones), all in one pass of one
+    # pattern over the repr; only the rid is needed first.
+    own = {
+        "room": ("bootstrap_room", r"\d+"),
+        "recv": ("received_time", r"[0-9.eE+-]+"),
+        "dp": ("data_parallel_rank", r"\d+"),
+        "tenant": ("custom_labels", r"\{[^}]*\}"),
     }
+    own_pattern = "[(, ](" + "|".join(f"{f}={v}" for f, v in own.values()) + ")"
+    o = {k: _last_of("__own", f) for k, (f, _) in own.items()}
+    o["tenant"] = _re(o["tenant"], r"'" + label + r"': '([^']*)'")
+    own_values = ", ".join(f"coalesce({k}, {v}) AS {k}" for k, v in o.items())
     obj_rid = _last("__obj", "rid", "'([^']*)'")
     fields = {
         "line_at": f"CASE WHEN __valid THEN {j['timestamp']} ELSE __at END",
@@ -322,7 +334,10 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
       FROM facts
     )
     -- One pass groups the lines of each request; every other line is a group of its own.
-    SELECT * REPLACE ({", ".join(f"coalesce({k}, {v}) AS {k}" for k, v in o.items())})
+    SELECT * EXCLUDE (__own) REPLACE ({own_values})
+    FROM (SELECT *, CASE WHEN obj_text IS NOT NULL
+        AND (room IS NULL OR recv IS NULL OR dp IS NULL OR tenant IS NULL)
+      THEN regexp_extract_all(obj_text, {sql_str(own_pattern)}, 1) END AS __own
     FROM (SELECT min(__kv_row) AS __kv_row, arg_min(__kv_line, __kv_row) AS __kv_line,
       any_value(__reason) AS __why,
       CASE WHEN any_value(__reason) IS NULL THEN any_value(rid) END AS rid,
@@ -348,8 +363,9 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
       arg_max(tenant, __kv_row) FILTER (WHERE tenant IS NOT NULL) AS tenant,
       arg_max(obj_text, __kv_row) FILTER (WHERE obj_text IS NOT NULL) AS obj_text,
       arg_max(last_json, __kv_row) FILTER (WHERE last_json IS NOT NULL) AS last_json,
+      arg_max(ev = 'exported', __kv_row) FILTER (WHERE last_json IS NOT NULL) AS last_exported,
       count(*) AS lines
-    FROM keyed GROUP BY CASE WHEN __reason IS NULL THEN rid ELSE '#' || __kv_row END)"""
+    FROM keyed GROUP BY CASE WHEN __reason IS NULL THEN rid ELSE '#' || __kv_row END))"""
     )
     base.cleanup.append(legs)
     finished = (
@@ -376,6 +392,11 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
         "THEN '200' END)",
         "error": "coalesce(err, fmsg)",
     }
+    # What the request's last JSON record holds beyond the mapped fields.
+    logged = (
+        "CASE WHEN last_json IS NULL THEN NULL WHEN last_exported "
+        f"THEN {_exported_rest()} ELSE {_json_rest()} END"
+    )
     extra = json_object(
         {
             "tenant_id": "tenant",
@@ -384,17 +405,8 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
             "e2e_latency": "TRY_CAST(e2e AS DOUBLE)",
             "time_stats": "stats",
             "lines": "lines",
+            "logged": logged,
         }
-    )
-    # The logged record joins the scalars after their nulls are gone: stripping nulls costs a
-    # pass over everything it is given, and the record is by far the largest part.
-    logged = (
-        "CASE WHEN json_exists(last_json, '$.request_parameters') "
-        f"THEN {_exported_rest()} ELSE {_json_rest()} END"
-    )
-    extra = (
-        f"CASE WHEN last_json IS NULL THEN {extra} "
-        f"ELSE json_merge_patch(coalesce({extra}, '{{}}'), json_object('logged', {logged})) END"
     )
     return adapted(
         base, legs, columns, pre_error="__why", extra=f"CASE WHEN rid IS NOT NULL THEN {extra} END"
@@ -419,9 +431,13 @@ _MAPPED_META = [
 
 def _json_rest() -> str:
     """What a request's last event holds beyond the mapped fields (``extra.logged``)."""
-    obj = without("coalesce(json_extract(last_json, '$.obj'), '{}')", _MAPPED_OBJ)
-    meta = without("coalesce(json_extract(last_json, '$.out.meta_info'), '{}')", _MAPPED_META)
-    return f"json_object('obj', {obj}, 'meta_info', {meta})"
+    # Both parts from one parse of the record (the lambda binds them once).
+    obj = without("coalesce(p[1], '{}')", _MAPPED_OBJ)
+    meta = without("coalesce(p[2], '{}')", _MAPPED_META)
+    return (
+        "list_transform([json_extract(last_json, ['$.obj', '$.out.meta_info'])], "
+        f"lambda p: json_object('obj', {obj}, 'meta_info', {meta}))[1]"
+    )
 
 
 def _exported_rest() -> str:
