@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 # progress(file label, bytes done, bytes total): called as a file is read and loaded.
 Progress = StepProgress
 
-SUPPORTED_FORMATS = ("canonical", "sglang", "otel", "litellm", "auto")
+SUPPORTED_FORMATS = ("canonical", "sglang", "otel", "litellm", "cloudflare", "auto")
 _tags = itertools.count(1)
 
 __all__ = [

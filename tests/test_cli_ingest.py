@@ -110,9 +110,8 @@ def test_an_unsupported_format_is_a_usage_error_listing_the_supported_ones(tmp_p
     ]
     result = runner.invoke(app, args)
     assert result.exit_code == 2
-    assert "'helicone' is not one of 'canonical', 'sglang', 'otel', 'litellm', 'auto'" in (
-        result.output
-    )
+    supported = "'canonical', 'sglang', 'otel', 'litellm', 'cloudflare', 'auto'"
+    assert f"'helicone' is not one of {supported}" in result.output
     assert not (tmp_path / "c.duckdb").exists()
 
 

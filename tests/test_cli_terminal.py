@@ -258,7 +258,7 @@ def test_help_reads_like_a_command_line():
     # Help text is not console markup: the manifest's table keeps its name.
     assert "[database].memory_limit" in run
     ingest = invoke(["ingest", "--help"]).output
-    assert "--format <canonical|sglang|otel|litellm|auto>" in ingest
+    assert "--format <canonical|sglang|otel|litellm|cloudflare|auto>" in ingest
     assert "--role <prefill|decode|unified>" in ingest
     assert "--kind <requests|engine_legs|pool_snapshots|kv_allocations|tenants>" in ingest
     assert "{CASE} {REQUEST_ID}" in invoke(["explain", "--help"]).output

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from forensics.readers import ByteProgress, Source
 
 # Format name -> module of forensics.adapters. Canonical files are read by forensics.readers.
-ADAPTERS = {"sglang": "sglang", "otel": "otel", "litellm": "litellm"}
+ADAPTERS = {"sglang": "sglang", "otel": "otel", "litellm": "litellm", "cloudflare": "cloudflare"}
 # How much of a file ``auto`` looks at: enough for a pretty-printed document's first keys.
 SNIFF_BYTES = 64 << 10
 

@@ -20,9 +20,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from forensics.adapters.documents import elements, field, fields
 from forensics.adapters.records import adapted, nothing, open_records, without
 from forensics.errors import EvidenceError
-from forensics.readers import detect_type, sql_ident, sql_str
+from forensics.readers import detect_type, sql_str
 from forensics.readers import open_source as open_canonical
 
 if TYPE_CHECKING:
@@ -82,19 +83,9 @@ def _records(con, path: Path, tag: str, progress) -> tuple[Source, str]:
             return base, table
         # An array document: its elements are the rows, numbered from 1.
         con.execute(
-            f"""CREATE TEMP TABLE {table} AS
-        WITH l AS MATERIALIZED (SELECT __kv_row, __kv_line, json_valid(__kv_line) AS ok,
-                          CASE WHEN json_valid(__kv_line) THEN json_type(__kv_line) END AS t
-                   FROM {base.relation}),
-        a AS (SELECT unnest(from_json(__kv_line, '["JSON"]')) AS __rec,
-                     generate_subscripts(from_json(__kv_line, '["JSON"]'), 1) AS i
-              FROM l WHERE t = 'ARRAY')
-        SELECT i AS __kv_row, __rec::VARCHAR AS __kv_line, __rec,
-          CASE WHEN json_type(__rec) <> 'OBJECT' THEN 'not a JSON object' END AS __why FROM a
-        UNION ALL
-        SELECT __kv_row, __kv_line, CASE WHEN t = 'OBJECT' THEN __kv_line::JSON END,
-          CASE WHEN NOT ok THEN 'not valid JSON' WHEN t <> 'OBJECT' THEN 'not a JSON object' END
-        FROM l WHERE t IS DISTINCT FROM 'ARRAY'"""
+            f"CREATE TEMP TABLE {table} AS SELECT CASE WHEN item = 0 THEN line ELSE item END "
+            "AS __kv_row, text AS __kv_line, doc AS __rec, why AS __why "
+            f"FROM {elements(base.relation)}"
         )
     base.cleanup.append(table)
     return base, table
@@ -126,22 +117,18 @@ def open_source(
     elif tf and tf not in top:
         top.append(tf)
     # Every field read once per row, into columns (one parse of the row, one of its metadata).
-    tops = "[" + ", ".join(sql_str("$." + sql_ident(n)) for n in top) + "]"
+    read, named = fields("__rec", top)
     metas = "[" + ", ".join(sql_str("$." + p) for p in meta) + "]"
     table = f"{records}_fields"
     con.execute(
         f"""CREATE TEMP TABLE {table} AS
-    WITH f AS (
-      SELECT *, CASE WHEN __rec IS NOT NULL THEN json_extract_string(__rec, {tops}) END AS __f
-      FROM {records}
-    ),
+    WITH f AS (SELECT *, {read} FROM {records}),
     m AS (
       SELECT *, __f[{top.index("metadata") + 1}] AS __meta,
         __f[{top.index("response") + 1}] AS __response
       FROM f
     )
-    SELECT __kv_row, __kv_line, __why, __rec,
-      {", ".join(f"nullif(__f[{i + 1}], '') AS {sql_ident('c_' + n)}" for i, n in enumerate(top))},
+    SELECT __kv_row, __kv_line, __why, __rec, {named},
       CASE WHEN json_valid(__meta) THEN json_extract_string(__meta, {metas}) END AS __m,
       CASE WHEN json_valid(__response)
         THEN json_extract_string(__response, '$.choices[0].finish_reason') END AS __finish
@@ -149,8 +136,7 @@ def open_source(
     )
     base.cleanup.append(table)
 
-    def col(name: str) -> str:
-        return sql_ident("c_" + name)
+    col = field
 
     def m(path: str) -> str:
         return f"nullif(__m[{meta.index(path) + 1}], '')"
