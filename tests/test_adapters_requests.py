@@ -260,3 +260,38 @@ def test_an_export_without_spans_and_an_empty_file(tmp_path, memory_db):
     for fmt in ("otel", "litellm"):
         done = ingest_file(memory_db, empty, "requests", fmt)
         assert (done.rows_read, done.rows_loaded, done.rows_rejected) == (0, 0, 0)
+
+
+def test_a_span_naming_an_attribute_twice_keeps_the_first_and_loads(tmp_path, memory_db):
+    """A map takes each name once: a buggy exporter's repeated or nameless attribute must not
+    fail the file (it did, whole), and the value read is the first one given."""
+
+    def attr(key, value):
+        return {"key": key, "value": {"stringValue": value}}
+
+    span = {
+        "traceId": "ab" * 16,
+        "spanId": "cd" * 8,
+        "name": "chat",
+        "startTimeUnixNano": "1788876123000000000",
+        "endTimeUnixNano": "1788876124000000000",
+        "attributes": [
+            attr("gen_ai.response.id", "dup-1"),
+            attr("tenant.id", "acct_first"),
+            attr("tenant.id", "acct_second"),
+            {"value": {"stringValue": "no name"}},
+            {"key": "gen_ai.usage.input_tokens", "value": {"intValue": "10"}},
+            attr("custom", "one"),
+            attr("custom", "two"),
+        ],
+    }
+    export = {"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": [span]}]}]}
+    path = tmp_path / "dup.jsonl"
+    path.write_text(json.dumps(export) + "\n")
+    result = ingest_file(memory_db, path, "requests", "otel")
+    assert (result.rows_read, result.rows_loaded, result.rows_rejected) == (1, 1, 0)
+    [(rid, tenant, prompt, extra)] = memory_db.execute(
+        "SELECT request_id, tenant_id, prompt_tokens, extra FROM requests"
+    ).fetchall()
+    assert (rid, tenant, prompt) == ("dup-1", "acct_first", 10)
+    assert json.loads(extra)["attributes"] == {"custom": "one"}

@@ -45,6 +45,11 @@ _SPAN = (
     '"startTimeUnixNano": "VARCHAR", "endTimeUnixNano": "VARCHAR", '
     f'"attributes": {_ATTRS}, "status": {{"code": "VARCHAR"}}}}'
 )
+_EXPORT = (
+    '{"resourceSpans": [{"resource": {"attributes": ' + _ATTRS + "}, "
+    '"scopeSpans": [{"spans": [' + _SPAN + "]}], "
+    '"instrumentationLibrarySpans": [{"spans": [' + _SPAN + "]}]}]}"
+)
 # Canonical columns an attribute of the same name fills.
 _BY_NAME = ("request_id", "prefill_node", "decode_node", "dp_rank", "bootstrap_room", "api_key_id")
 
@@ -54,15 +59,35 @@ def sniff(text: str) -> str | None:
     return "an OTLP/JSON trace export (resourceSpans)" if '"resourceSpans"' in text else None
 
 
-def _texts(attrs: str) -> str:
-    """SQL of an attribute list as a map of name -> text (an array by its first value)."""
+def _keys(attrs: str) -> str:
+    """SQL of an attribute list's names, in order."""
+    return f"list_transform(coalesce({attrs}, []), lambda x: x.key)"
+
+
+def _values(attrs: str) -> str:
+    """SQL of an attribute list's values as text, in order (an array by its first value)."""
     value = (
         "coalesce(x.value.stringValue, x.value.intValue, x.value.doubleValue, "
         'x.value.boolValue, x.value.arrayValue."values"[1].stringValue)'
     )
+    return f"list_transform(coalesce({attrs}, []), lambda x: {value})"
+
+
+def _lookup(keys: str, values: str, name: str) -> str:
+    """SQL of the value of attribute ``name`` (its first, if given twice), NULL without one."""
+    return f"{values}[list_position({keys}, {sql_str(name)})]"
+
+
+def _as_map(keys: str, values: str, drop: list[str] | None = None) -> str:
+    """SQL of the attributes as a map, less the names in ``drop``. An attribute without a name
+    is left out and a name given twice keeps its first value (a map takes each name once)."""
+    unwanted = ""
+    if drop:
+        unwanted = " AND NOT list_contains([" + ", ".join(sql_str(d) for d in drop) + "], e.key)"
     return (
-        f"map_from_entries(list_transform(coalesce({attrs}, []), "
-        f"lambda x: {{'key': x.key, 'value': {value}}}))"
+        f"map_from_entries(list_filter(list_transform({keys}, "
+        f"lambda key, i: {{'key': key, 'value': {values}[i]}}), "
+        f"lambda e, i: e.key IS NOT NULL AND list_position({keys}, e.key) = i{unwanted}))"
     )
 
 
@@ -79,39 +104,38 @@ def open_source(
     if base.empty:
         return nothing(base)
     table = f"__kv_otel_{tag}"
-    tenant = sql_str(options.tenant_field or DEFAULT_TENANT_FIELD)
+    tenant = options.tenant_field or DEFAULT_TENANT_FIELD
     # Exports -> resources -> spans, each level unnested with its position, so the spans keep
-    # file order; a line that holds no span stays as one row (to be rejected). Spans are
-    # parsed one by one, after the split: an export line holds hundreds, and many small parses
-    # run in parallel where one large one cannot.
+    # file order; a line that holds no span stays as one row (to be rejected). Each export is
+    # parsed once, into the typed shape of an export: a field of another type reads as NULL
+    # (the span is then rejected for what it lacks), and no span is printed and parsed again.
     con.execute(
         f"""CREATE TEMP TABLE {table} AS
     WITH l AS (
       SELECT __kv_row, __kv_line, json_valid(__kv_line) AS ok FROM {base.relation}
     ),
-    r AS (
-      SELECT __kv_row, unnest(json_extract(__kv_line, '$.resourceSpans[*]')) AS res,
-        generate_subscripts(json_extract(__kv_line, '$.resourceSpans[*]'), 1) AS ri
+    d AS (
+      SELECT __kv_row, json_transform(__kv_line, {sql_str(_EXPORT)}).resourceSpans AS rs
       FROM l WHERE ok
     ),
+    r AS (
+      SELECT __kv_row, unnest(rs) AS res, generate_subscripts(rs, 1) AS ri FROM d
+    ),
     s AS (
-      SELECT __kv_row, ri,
-        json_transform(json_extract(res, '$.resource.attributes'), {sql_str(_ATTRS)}) AS rattrs,
-        list_concat(json_extract(res, '$.scopeSpans[*].spans[*]'),
-                    json_extract(res, '$.instrumentationLibrarySpans[*].spans[*]')) AS spans
+      SELECT __kv_row, ri, {_keys("res.resource.attributes")} AS rk,
+        {_values("res.resource.attributes")} AS rv,
+        list_concat(flatten(list_transform(res.scopeSpans, lambda x: x.spans)),
+                    flatten(list_transform(res.instrumentationLibrarySpans, lambda x: x.spans)))
+          AS spans
       FROM r
     ),
-    p AS (
-      SELECT __kv_row, ri, rattrs, unnest(spans) AS raw_span,
-        generate_subscripts(spans, 1) AS pi
-      FROM s
-    ),
     t AS (
-      SELECT *, try(json_transform(raw_span, {sql_str(_SPAN)})) AS span FROM p
+      SELECT __kv_row, ri, rk, rv, unnest(spans) AS span, generate_subscripts(spans, 1) AS pi
+      FROM s
     ),
     spans AS MATERIALIZED (
       SELECT __kv_row AS line, ri, 0 AS si, pi,
-        {_texts("span.attributes")} AS a, {_texts("rattrs")} AS ra,
+        {_keys("span.attributes")} AS ak, {_values("span.attributes")} AS av, rk, rv,
         span.traceId AS trace_id, span.spanId AS span_id, span.name AS name,
         span.startTimeUnixNano AS start_ns, span.endTimeUnixNano AS end_ns,
         span.status.code AS status
@@ -128,14 +152,14 @@ def open_source(
       FROM l WHERE __kv_row NOT IN (SELECT line FROM spans)
     )
     SELECT row_number() OVER (ORDER BY line, ri, si, pi) AS __kv_row, rows.*,
-      coalesce(why, CASE WHEN len(list_filter(map_keys(a), lambda k: starts_with(k, 'gen_ai.')))
+      coalesce(why, CASE WHEN len(list_filter(ak, lambda k: starts_with(k, 'gen_ai.')))
         = 0 THEN 'a span with no gen_ai.* attribute: not an inference call' END) AS __why
     FROM rows"""
     )
     base.cleanup.append(table)
 
     def attr(*names: str) -> str:
-        return "coalesce(" + ", ".join(f"a[{sql_str(n)}]" for n in names) + ")"
+        return "coalesce(" + ", ".join(_lookup("ak", "av", n) for n in names) + ")"
 
     error_type = attr("error.type")
     status = "coalesce(status, '')"
@@ -144,7 +168,7 @@ def open_source(
     start = "start_ns"
     columns = {
         "request_id": f"coalesce({attr('request_id', 'gen_ai.response.id')}, span_id)",
-        "tenant_id": f"coalesce(a[{tenant}], ra[{tenant}])",
+        "tenant_id": f"coalesce({_lookup('ak', 'av', tenant)}, {_lookup('rk', 'rv', tenant)})",
         "received_at": start,
         "prompt_tokens": attr("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens"),
         # An inference span without an HTTP status succeeded unless it says it failed;
@@ -183,20 +207,13 @@ def open_source(
         "gen_ai.request.model",
         "client.address",
         "user_agent.original",
-        options.tenant_field or DEFAULT_TENANT_FIELD,
+        tenant,
     ]
 
-    def rest(attrs: str, keep: str) -> str:
-        # What is left of an attribute map once the mapped ones are taken out.
-        return (
-            f"to_json(map_from_entries(list_filter(map_entries({attrs}), "
-            f"lambda e: NOT list_contains({keep}, e.key))))"
-        )
-
-    keep = "[" + ", ".join(sql_str(m) for m in mapped) + "]"
     extra = (
         "json_object('trace_id', trace_id, 'span_id', span_id, 'name', name, "
-        f"'attributes', {rest('a', keep)}, 'resource', {rest('ra', f'[{tenant}]')})"
+        f"'attributes', to_json({_as_map('ak', 'av', mapped)}), "
+        f"'resource', to_json({_as_map('rk', 'rv', [tenant])}))"
     )
     why = (
         f"coalesce(__why, CASE WHEN {failed} AND ({columns['http_status']}) IS NULL THEN "
@@ -206,6 +223,6 @@ def open_source(
     # A rejected span is shown as the attributes it has; a rejected line as it is.
     raw = (
         "coalesce(__kv_line, to_json({'trace_id': trace_id, 'span_id': span_id, 'name': name, "
-        "'attributes': a})::VARCHAR)"
+        f"'attributes': {_as_map('ak', 'av')}}})::VARCHAR)"
     )
     return adapted(base, table, columns, pre_error=why, extra=extra, raw_expr=raw)
