@@ -66,9 +66,10 @@ def node_from_name(path: Path) -> str:
     return _RANK.sub("", path.name.split(".", 1)[0])
 
 
-def json_object(pairs: dict[str, str]) -> str:
+def json_object(pairs: dict[str, str], documents: tuple[str, ...] = ()) -> str:
     """SQL of a JSON object of ``name -> SQL value`` pairs, null members left out, NULL when
-    every member is null.
+    every member is null. The values of the names in ``documents`` are JSON text already and
+    go in as they are.
 
     The text is put together member by member: a null value makes its member null, which
     ``concat_ws`` skips. (A JSON function would parse and print the whole object again to drop
@@ -76,7 +77,11 @@ def json_object(pairs: dict[str, str]) -> str:
     """
     import json
 
-    members = ", ".join(f"{sql_str(json.dumps(k) + ':')} || to_json({v})" for k, v in pairs.items())
+    def member(name: str, value: str) -> str:
+        text = f"CAST({value} AS VARCHAR)" if name in documents else f"to_json({value})"
+        return f"{sql_str(json.dumps(name) + ':')} || {text}"
+
+    members = ", ".join(member(k, v) for k, v in pairs.items())
     return f"nullif('{{' || concat_ws(',', {members}) || '}}', '{{}}')::JSON"
 
 

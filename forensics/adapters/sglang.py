@@ -406,7 +406,8 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
             "time_stats": "stats",
             "lines": "lines",
             "logged": logged,
-        }
+        },
+        documents=("logged",),
     )
     return adapted(
         base, legs, columns, pre_error="__why", extra=f"CASE WHEN rid IS NOT NULL THEN {extra} END"
