@@ -27,7 +27,13 @@ def assess(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) -> dict[str, 
                   coalesce(sum(rows) FILTER (WHERE scope LIKE 'engine_legs:%'), 0)
            FROM findings_coverage""",
     )
-    statement = coverage_statement(int(holes), int(client_only), int(engine_only), int(engine_rows))
+    # Requests, not rows: one may lack both its prefill and its decode leg.
+    [(missing,)] = con.execute(
+        "SELECT count(DISTINCT request_id) FROM coverage_missing_legs"
+    ).fetchall()
+    statement = coverage_statement(
+        int(holes), int(client_only), int(engine_only), int(engine_rows), int(missing)
+    )
     con.execute(
         "INSERT INTO findings_case VALUES ('coverage', $v)",
         {"v": json.dumps(statement, sort_keys=True)},
@@ -35,12 +41,19 @@ def assess(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) -> dict[str, 
     return statement
 
 
-def coverage_statement(holes: int, client_only: int, engine_only: int, engine_rows: int) -> dict:
+def coverage_statement(
+    holes: int, client_only: int, engine_only: int, engine_rows: int, missing_legs: int = 0
+) -> dict:
     """One sentence on coverage that qualifies every conclusion of the report.
+
+    ``missing_legs`` counts requests that have engine legs, but not from a node the client log
+    routed them to.
 
     >>> coverage_statement(0, 0, 0, 10)["level"]
     'complete'
     >>> coverage_statement(2, 5, 0, 10)["statement"].startswith("Incomplete")
+    True
+    >>> "3 requests missing the leg of a node" in coverage_statement(0, 0, 0, 10, 3)["statement"]
     True
     """
     if engine_rows == 0:
@@ -52,8 +65,9 @@ def coverage_statement(holes: int, client_only: int, engine_only: int, engine_ro
             "holes": holes,
             "client_only": client_only,
             "engine_only": engine_only,
+            "missing_legs": missing_legs,
         }
-    if holes == 0 and client_only == 0 and engine_only == 0:
+    if holes == 0 and client_only == 0 and engine_only == 0 and missing_legs == 0:
         return {
             "level": "complete",
             "statement": "Complete for the window: every client request has its engine legs,"
@@ -62,14 +76,21 @@ def coverage_statement(holes: int, client_only: int, engine_only: int, engine_ro
             "holes": 0,
             "client_only": 0,
             "engine_only": 0,
+            "missing_legs": 0,
         }
+    missing = (
+        f" {missing_legs:,} requests missing the leg of a node they were routed to,"
+        if missing_legs
+        else ""
+    )
     return {
         "level": "incomplete",
         "statement": f"Incomplete: {holes:,} silence{'' if holes == 1 else 's'} in a log while"
-        f" the other side shows work, {client_only:,} requests with no engine leg,"
+        f" the other side shows work, {client_only:,} requests with no engine leg,{missing}"
         f" {engine_only:,} engine legs with no client request. Findings for those requests"
         " and periods rest on the side that was logged; see Log coverage.",
         "holes": holes,
         "client_only": client_only,
         "engine_only": engine_only,
+        "missing_legs": missing_legs,
     }

@@ -200,6 +200,51 @@ def test_coverage_reports_holes_not_quiet_hours_and_one_sided_requests(tmp_path)
     assert (stated["holes"], stated["client_only"], stated["engine_only"]) == (2, 2, 1)
 
 
+def test_coverage_states_a_node_whose_whole_log_is_missing(tmp_path):
+    """A decode node's log left out entirely has no silence to find: its requests still have
+    their prefill legs, so only the legs missing on the node they were routed to tell."""
+    case, con = _case(tmp_path)
+    routed = {"decode_node": "d1"}
+    insert_rows(
+        con,
+        "requests",
+        [
+            _req("ok", "t1", 0, 1000, decode_node="d0"),
+            _req("u", "t1", 1, 1000, prefill_node="u0", decode_node="u0"),
+            _req("x1", "t1", 2, 1000, **routed),
+            _req("x2", "t2", 3, 1000, **routed),
+        ],
+    )
+    legs = [
+        ("ok", "prefill", "p0", "10:00:01"),
+        ("ok", "decode", "d0", "10:00:02"),
+        ("u", "unified", "u0", "10:01:01"),  # one unified leg serves both roles
+        ("x1", "prefill", "p0", "10:02:01"),
+        ("x2", "prefill", "p0", "10:03:01"),
+    ]
+    insert_rows(
+        con,
+        "engine_legs",
+        [
+            {"request_id": r, "role": role, "node": n, "started_at": f"2026-08-28T{t}Z"}
+            for r, role, n, t in legs
+        ],
+    )
+    detect_case(con, case)
+    rows = {
+        (r[0], r[1]): r[2]
+        for r in con.execute("SELECT scope, node, rows FROM findings_coverage").fetchall()
+    }
+    assert rows[("leg_missing:decode", "d1")] == 2
+    assert not [k for k in rows if k[0].startswith("leg_missing") and k[1] != "d1"]
+    stated = json.loads(
+        con.execute("SELECT value FROM findings_case WHERE key = 'coverage'").fetchone()[0]
+    )
+    assert stated["level"] == "incomplete"
+    assert stated["missing_legs"] == 2
+    assert "2 requests missing the leg of a node they were routed to" in stated["statement"]
+
+
 def test_explain_gathers_signals_legs_and_exposures(tmp_path):
     case, con = _case(tmp_path)
     insert_rows(con, "pool_snapshots", [PREFILL])

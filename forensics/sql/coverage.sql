@@ -78,6 +78,34 @@ WHERE r.http_status BETWEEN 200 AND 299
   AND r.request_id NOT IN (SELECT client_request_id FROM client_legs)
 GROUP BY r.prefill_node;
 
+-- Requests with engine legs, but not on a node the client log says they were routed to: that
+-- node's log is missing for them (a whole node's log left out shows here, as no silence can).
+-- A unified leg serves both roles.
+CREATE OR REPLACE TEMP TABLE coverage_missing_legs AS
+WITH routed AS (
+  SELECT request_id, 'prefill' AS role, prefill_node AS node, received_at FROM scoped_requests
+  WHERE http_status BETWEEN 200 AND 299 AND prefill_node IS NOT NULL
+  UNION ALL
+  SELECT request_id, 'decode', decode_node, received_at FROM scoped_requests
+  WHERE http_status BETWEEN 200 AND 299 AND decode_node IS NOT NULL
+),
+logged AS (
+  SELECT DISTINCT client_request_id, unnest(CASE WHEN role = 'unified'
+    THEN ['prefill', 'decode'] ELSE [role] END) AS role
+  FROM client_legs
+)
+SELECT r.* FROM routed r
+WHERE r.request_id IN (SELECT client_request_id FROM logged)
+  AND NOT EXISTS (SELECT 1 FROM logged g
+                  WHERE g.client_request_id = r.request_id AND g.role = r.role);
+
+INSERT INTO findings_coverage
+SELECT 'leg_missing:' || role, node, count(*), min(received_at), max(received_at), 0, 0,
+       format('{} successful requests routed here with no {} leg from this node (its log is'
+              || ' missing for them)', count(*), role)
+FROM coverage_missing_legs
+GROUP BY role, node;
+
 INSERT INTO findings_coverage
 SELECT 'engine_only', l.node, count(*), min(l.started_at), max(l.started_at), 0, 0,
        format('{} engine legs with no client request (client logs missing for them)', count(*))
