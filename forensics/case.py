@@ -228,10 +228,19 @@ def load_case(path: str | Path) -> Case:
             raise ManifestError(f"{path}: a folder with no case.toml in it")
         path = path / "case.toml"
     try:
-        text = path.read_bytes().decode("utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         raise ManifestError(f"{path}: case manifest not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
+        raise ManifestError(f"{path}: cannot read the case manifest: {exc}") from None
+    if data[8:12] == b"DUCK":
+        raise ManifestError(
+            f"{path}: a DuckDB database, not a case manifest: give the case folder or its "
+            "case.toml (whose [database] names the database)"
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise ManifestError(f"{path}: cannot read the case manifest: {exc}") from None
     try:
         raw = tomllib.loads(text)

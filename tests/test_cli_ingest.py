@@ -50,6 +50,13 @@ def test_file_form_loads_and_reports_rejects(tmp_path):
     assert result.exit_code == 0, result.output
     assert "loaded, with rejects" in result.output
     assert "rows read 3, loaded 2, rejected 1" in result.output
+    # status reads a case, so the hint names the database itself, and a database given to
+    # status is named for what it is.
+    assert "Rejected rows are in the rejects table of " in result.output
+    assert "see `forensics status`" not in result.output
+    by_db = runner.invoke(app, ["status", str(db)])
+    assert by_db.exit_code == 1
+    assert "a DuckDB database, not a case manifest: give the case folder" in by_db.output
 
     manifest = tmp_path / "case.toml"
     manifest.write_text('[incident]\nid = "X"\n')

@@ -171,7 +171,7 @@ def _ingest(
                 memory_limit=memory_limit,
                 **(entry or {}),
             )
-    _summary(make_console(), result, where)
+    _summary(make_console(), result, where, case_mode=kind is None)
     # Everything else has loaded by now; evidence that did not load whole is an error.
     problems = result.problems
     for line in problems:
@@ -180,7 +180,7 @@ def _ingest(
         raise typer.Exit(1)
 
 
-def _summary(console: Console, result: IngestResult, where: Path) -> None:
+def _summary(console: Console, result: IngestResult, where: Path, case_mode: bool) -> None:
     from forensics.terminal import Col, Grid, plural, shown, styled
 
     formats = {f.format for f in result.files} | {f.format for f in result.failures}
@@ -245,7 +245,14 @@ def _summary(console: Console, result: IngestResult, where: Path) -> None:
                 f"{f.path}: loaded whole; replaces its earlier partial load (sha256 {sha[:12]})"
             )
     if result.rows_rejected:
-        console.print("Rejected rows are in the rejects table: see `forensics status`.")
+        if case_mode:
+            console.print("Rejected rows are in the rejects table: see `forensics status`.")
+        else:
+            # status and sql read a case; a database loaded by name is asked directly.
+            console.print(
+                f"Rejected rows are in the rejects table of {shown(where)} (columns "
+                "path, source_row, column_name, reason, raw)."
+            )
 
 
 @app.command()
