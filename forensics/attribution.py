@@ -23,9 +23,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from forensics.replay import RankReplay, replay_ranks
 from forensics.verdicts import CONFIDENCE_ORDER
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import duckdb
     import numpy as np
 
@@ -259,10 +262,24 @@ def attribute(
     # Ranks in the order the replay streams return them: node, then rank (none first).
     ordered = sorted(groups.items(), key=lambda g: (g[0][0], g[0][1] is not None, g[0][1] or 0))
     methods = {key: _choose_method(con, key[0], key[1], members) for key, members in ordered}
-    replays = _ReplayStreams(con, [k for k, (m, _) in methods.items() if m == "allocator_replay"])
+    replayed_ranks = {
+        key: {m.request_id: m for m in groups[key]}
+        for key, (m, _) in methods.items()
+        if m == "allocator_replay"
+    }
+    position = {key: done for done, (key, _) in enumerate(ordered)}
+
+    def replaying(key: tuple[str, int | None]) -> None:
+        if progress:
+            where = key[0] if key[1] is None else f"{key[0]} rank {key[1]}"
+            progress(
+                f"Attribution: {_DOING['allocator_replay']} {where}", position[key], len(ordered)
+            )
+
+    replays = _ReplayStreams(con, list(replayed_ranks)).replay_all(replayed_ranks, replaying)
     for done, ((node, rank), members) in enumerate(ordered):
         method, why = methods[(node, rank)]
-        if progress:
+        if progress and method != "allocator_replay":
             where = node if rank is None else f"{node} rank {rank}"
             progress(f"Attribution: {_DOING[method]} {where}", done, len(ordered))
         if method == "temporal":
@@ -274,12 +291,13 @@ def attribute(
                 for m in members
             ]
             continue
-        victims_here = {m.request_id: m for m in members}
         if method == "allocator_replay":
-            timeline, events = replays.take(node, rank)
+            replayed, per_victim, warning = replays[(node, rank)]
         else:
-            timeline, events = _replay_events(con, node, rank, method)
-        replayed, per_victim, warning = _walk(timeline, events, victims_here, method)
+            timeline, events = _allocation_log(con, node, rank)
+            replayed, per_victim, warning = _walk(
+                timeline, events, {m.request_id: m for m in members}
+            )
         rows += replayed
         if warning:
             result.warnings.append(("replay_drift", f"{node} rank {rank}: {warning}"))
@@ -374,13 +392,12 @@ _TIMELINE_COLUMNS = """request_id, tenant_id, prompt_tokens, completion_tokens, 
 class _ReplayStreams:
     """The timelines and events of every rank replayed from its timeline, in two queries for
     all the ranks (node, then rank), held as Arrow tables: each rank's rows are selected once,
-    never re-selected from the whole timeline, and become Python rows only while that rank is
-    replayed.
+    never re-selected from the whole timeline, and reach the replay as NumPy arrays
+    (:func:`forensics.replay.replay_rank`); only what the victims read becomes Python rows.
 
     Events are in engine order within a rank: at one instant a pool (re)start first, then
-    frees, then allocations, each in request-id order. Each is ``(kind, request_id, timeline
-    index, pool_tokens, page_size, first pages, counts)``: kind 0 a pool start, 1 a free,
-    2 an allocation.
+    frees, then allocations, each in request-id order. Each is ``(kind, timeline index,
+    pool_tokens, page_size)``: kind 0 a pool start, 1 a free, 2 an allocation.
     """
 
     def __init__(self, con, ranks: list[tuple[str, int | None]]):
@@ -401,12 +418,14 @@ class _ReplayStreams:
         )
         order = "ORDER BY node, dp_rank NULLS FIRST"
         self._timeline = con.sql(
-            f"SELECT {_TIMELINE_COLUMNS} FROM replay_timelines {order}, idx"
+            f"""SELECT {_TIMELINE_COLUMNS}
+                FROM replay_timelines {order}, idx"""
         ).to_arrow_table()
         self._events = con.sql(
             f"""WITH ranks AS (SELECT DISTINCT node, dp_rank FROM replay_timelines)
-                SELECT kind, rid, idx, pool_tokens, page_size,
-                       NULL::BIGINT[] AS firsts, NULL::BIGINT[] AS counts
+                SELECT kind::TINYINT AS kind, coalesce(idx, 0) AS idx,
+                       coalesce(pool_tokens, 0) AS pool_tokens,
+                       coalesce(page_size, 1) AS page_size
                 FROM (
                   SELECT r.node, r.dp_rank, epoch_us(l.observed_at) AS us, 0 AS kind,
                          NULL::VARCHAR AS rid, NULL::BIGINT AS idx, l.pool_tokens, l.page_size
@@ -421,15 +440,13 @@ class _ReplayStreams:
         ).to_arrow_table()
         # Where each rank's rows sit in the two tables (same order as the queries).
         counts = con.execute(
-            f"""WITH t AS (SELECT node, dp_rank, count(*) AS n FROM replay_timelines
-                           GROUP BY ALL),
+            f"""WITH t AS (SELECT node, dp_rank, count(*) AS n,
+                                  count(free_at) AS frees
+                           FROM replay_timelines GROUP BY ALL),
                      e AS (SELECT l.node, r.dp_rank, count(*) AS n FROM decode_limits l
                            JOIN (SELECT DISTINCT node, dp_rank FROM replay_timelines) r
                              ON r.node = l.node GROUP BY ALL)
-                SELECT t.node, t.dp_rank, t.n, t.n + coalesce(e.n, 0)
-                    + (SELECT count(*) FROM replay_timelines x
-                       WHERE x.node = t.node AND x.dp_rank IS NOT DISTINCT FROM t.dp_rank
-                         AND x.free_at IS NOT NULL)
+                SELECT t.node, t.dp_rank, t.n, t.n + coalesce(e.n, 0) + t.frees
                 FROM t LEFT JOIN e ON e.node = t.node
                                   AND e.dp_rank IS NOT DISTINCT FROM t.dp_rank
                 {order}"""
@@ -439,21 +456,101 @@ class _ReplayStreams:
             self._at[(node, rank)] = (t_at, n_timeline, e_at, n_events)
             t_at, e_at = t_at + n_timeline, e_at + n_events
 
-    def take(self, node: str, rank: int | None) -> tuple[list[TimelineRow], list[tuple]]:
-        """One rank's timeline and events, as Python rows."""
-        if (node, rank) not in self._at:
-            return [], []
-        t_at, t_n, e_at, e_n = self._at[(node, rank)]
-        # Column by column, then zipped: far cheaper than converting row by row.
-        columns = self._timeline.slice(t_at, t_n).to_pydict().values()
-        timeline = list(map(TimelineRow._make, zip(*columns, strict=True)))
-        events = list(zip(*self._events.slice(e_at, e_n).to_pydict().values(), strict=True))
-        return timeline, events
+    def replay_all(
+        self,
+        ranks: dict[tuple[str, int | None], dict[str, Victim]],
+        starting: Callable[[tuple[str, int | None]], None] | None = None,
+    ) -> dict[tuple[str, int | None], tuple[list[Exposure], dict[str, VictimStatus], str | None]]:
+        """Replay every rank (its victims by request id), in parallel across processes when
+        the work is large (:func:`forensics.replay.replay_ranks`). ``starting`` is told of each
+        rank, in order, as its replay is about to be collected. Returns, per rank, what
+        ``_walk`` returns."""
+        keys = [key for key in ranks if key in self._at]
+        found = replay_ranks(
+            [self._arrays(key, ranks[key]) for key in keys],
+            starting=(lambda i: starting(keys[i])) if starting else None,
+        )
+        out = {key: self._exposures(key, ranks[key], f) for key, f in zip(keys, found, strict=True)}
+        return {key: out.get(key, ([], {}, None)) for key in ranks}
+
+    def _arrays(self, key: tuple[str, int | None], victims: dict[str, Victim]) -> tuple:
+        """One rank's events and timeline as :func:`forensics.replay.replay_rank` takes them."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        t_at, t_n, e_at, e_n = self._at[key]
+        timeline = self._timeline.slice(t_at, t_n)
+        events = self._events.slice(e_at, e_n)
+
+        def column(table, name, dtype):
+            array = table.column(name).combine_chunks()
+            return array.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+
+        is_victim = pc.is_in(timeline.column("request_id"), value_set=pa.array(list(victims)))
+        return (
+            column(events, "kind", np.int8),
+            column(events, "idx", np.int64),
+            column(events, "pool_tokens", np.int64),
+            column(events, "page_size", np.int64),
+            column(timeline, "prompt_tokens", np.int64),
+            column(timeline, "completion_tokens", np.int64),
+            pc.fill_null(timeline.column("client_record"), False)
+            .combine_chunks()
+            .to_numpy(zero_copy_only=False),
+            pc.fill_null(is_victim, False).combine_chunks().to_numpy(zero_copy_only=False),
+        )
+
+    def _exposures(
+        self, key: tuple[str, int | None], victims: dict[str, Victim], found: RankReplay
+    ) -> tuple[list[Exposure], dict[str, VictimStatus], str | None]:
+        """What one rank's replay found, as exposures and victim statuses."""
+        import pyarrow as pa
+
+        t_at, t_n, _, _ = self._at[key]
+        timeline = self._timeline.slice(t_at, t_n)
+        rows = timeline.select(["request_id", "tenant_id", "source_table", "free_at"])
+        states = found.victims
+        statuses: dict[str, VictimStatus] = {}
+        drifted_row: dict[int, bool] = {}
+        for row, drifted, unknown in zip(
+            states["row"].tolist(),
+            states["drifted"].tolist(),
+            states["unknown_pages"].tolist(),
+            strict=True,
+        ):
+            # A request with two allocations here keeps the status of its later one.
+            rid = rows.column("request_id")[row].as_py()
+            statuses[rid] = VictimStatus(drifted=drifted, unknown_pages=unknown)
+            drifted_row[row] = drifted
+        reads = found.reads
+        recipients = rows.take(pa.array(reads["victim"])).to_pylist()
+        sources = rows.take(pa.array(reads["writer"])).to_pylist()
+        exposures = [
+            Exposure(
+                r["request_id"],
+                victims[r["request_id"]].tenant_id,
+                s["request_id"],
+                s["tenant_id"],
+                "allocator_replay",
+                tokens,
+                _confidence("allocator_replay", r["source_table"], drifted_row[v]),
+                None,
+                s["free_at"],
+            )
+            for r, s, v, tokens in zip(
+                recipients, sources, reads["victim"].tolist(), reads["tokens"].tolist(), strict=True
+            )
+        ]
+        exposures.sort(key=lambda e: (e.recipient_request_id, -e.tokens, e.source_request_id))
+        return exposures, statuses, _drift_warning(found.shortfalls, found.guesses)
 
 
-def _replay_events(con, node: str, rank, method: str) -> tuple[list[TimelineRow], list[tuple]]:
-    """One rank's timeline and events, by its own queries: the allocation log's ranks (and any
-    rank asked for alone). Events as :class:`_ReplayStreams` gives them."""
+def _allocation_log(con, node: str, rank) -> tuple[list[TimelineRow], list[tuple]]:
+    """One rank's timeline and its allocation log's events, by their own queries. Each event
+    is ``(kind, request_id, timeline index, pool_tokens, page_size, first pages, counts)``:
+    kind 0 a pool start, 1 a free, 2 an allocation, in engine order as :class:`_ReplayStreams`
+    orders them."""
     args = {"node": node, "rank": rank}
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE replay_rows AS
@@ -467,29 +564,23 @@ def _replay_events(con, node: str, rank, method: str) -> tuple[list[TimelineRow]
             f"SELECT {_TIMELINE_COLUMNS} FROM replay_rows ORDER BY idx"
         ).fetchall()
     ]
-    starts = """SELECT epoch_us(observed_at) AS us, 0 AS kind, NULL::VARCHAR AS rid,
-                       NULL::BIGINT AS idx, pool_tokens, page_size,
-                       NULL::BIGINT[] AS firsts, NULL::BIGINT[] AS counts
-                FROM decode_limits WHERE node = $node"""
-    if method == "allocation_log":
-        moves = """SELECT epoch_us(k."at"), CASE k.op WHEN 'alloc' THEN 2 ELSE 1 END,
-                           k.request_id, any_value(t.idx), NULL, NULL,
-                           list(k.first_page ORDER BY k.first_page),
-                           list(k.page_count ORDER BY k.first_page)
-                    FROM kv_allocations k LEFT JOIN replay_rows t USING (request_id)
-                    WHERE k.node = $node
-                      AND (k.dp_rank = $rank OR ($rank IS NULL AND k.dp_rank IS NULL))
-                    GROUP BY k."at", k.op, k.request_id"""
-    else:
-        moves = """SELECT epoch_us(alloc_at), 2, request_id, idx, NULL, NULL, NULL, NULL
-                   FROM replay_rows
-                   UNION ALL
-                   SELECT epoch_us(free_at), 1, request_id, idx, NULL, NULL, NULL, NULL
-                   FROM replay_rows WHERE free_at IS NOT NULL"""
     events = con.execute(
-        f"SELECT kind, rid, idx, pool_tokens, page_size, firsts, counts FROM ({starts} "
-        f"UNION ALL {moves}) ORDER BY us, kind, rid NULLS FIRST",
-        args if method == "allocation_log" else {"node": node},
+        """SELECT kind, rid, idx, pool_tokens, page_size, firsts, counts FROM (
+             SELECT epoch_us(observed_at) AS us, 0 AS kind, NULL::VARCHAR AS rid,
+                    NULL::BIGINT AS idx, pool_tokens, page_size,
+                    NULL::BIGINT[] AS firsts, NULL::BIGINT[] AS counts
+             FROM decode_limits WHERE node = $node
+             UNION ALL
+             SELECT epoch_us(k."at"), CASE k.op WHEN 'alloc' THEN 2 ELSE 1 END,
+                    k.request_id, any_value(t.idx), NULL, NULL,
+                    list(k.first_page ORDER BY k.first_page),
+                    list(k.page_count ORDER BY k.first_page)
+             FROM kv_allocations k LEFT JOIN replay_rows t USING (request_id)
+             WHERE k.node = $node
+               AND (k.dp_rank = $rank OR ($rank IS NULL AND k.dp_rank IS NULL))
+             GROUP BY k."at", k.op, k.request_id)
+           ORDER BY us, kind, rid NULLS FIRST""",
+        args,
     ).fetchall()
     return timeline, events
 
@@ -498,22 +589,18 @@ def _walk(
     timeline: list[TimelineRow],
     events: list[tuple],
     victims: dict[str, Victim],
-    method: str,
 ) -> tuple[list[Exposure], dict[str, VictimStatus], str | None]:
-    """Walk a rank's events through the replayed pool: who wrote each page, what each victim
-    read, and whether the replay had drifted from the logs by then."""
+    """Walk a rank's allocation log: who wrote each page and what each victim read. The pages
+    of every allocation are logged, so nothing is replayed and nothing can drift."""
     import numpy as np
 
+    method = "allocation_log"
     statuses: dict[str, VictimStatus] = {}
     pool: PagePool | None = None
     page_size = 1
     exposures: list[Exposure] = []
-    shortfalls = guesses = 0
     for kind, rid, i, pool_tokens, new_page_size, firsts, counts in events:
         if kind == 0:
-            if pool is not None:
-                shortfalls += pool.shortfalls
-                guesses += pool.guesses
             page_size = new_page_size
             pool = PagePool(pool_tokens // page_size)
             continue
@@ -522,39 +609,20 @@ def _walk(
         if kind == 1:
             pool.free(rid)
             continue
-        drifted_before = bool(pool.shortfalls or pool.guesses)
-        own_short = False
-        if firsts is not None:
-            pages = pool.take(
-                rid,
-                np.concatenate(
-                    [
-                        np.arange(f, f + c, dtype=np.int64)
-                        for f, c in zip(firsts, counts, strict=True)
-                    ]
-                ),
-            )
-        elif i is not None:
-            row = timeline[i]
-            short_before = pool.shortfalls
-            pages = pool.alloc(rid, _ceil_div(row.prompt_tokens + row.completion_tokens, page_size))
-            if not row.client_record:
-                # No client record: its generated tokens, and so its allocation size, are a
-                # guess; every later page choice on this pool may be shifted by it.
-                pool.guesses += 1
-            own_short = pool.shortfalls > short_before
-        else:
-            continue
+        pages = pool.take(
+            rid,
+            np.concatenate(
+                [np.arange(f, f + c, dtype=np.int64) for f, c in zip(firsts, counts, strict=True)]
+            ),
+        )
         if i is None:
             continue  # an allocation with no request record: its pages keep their writers
         if rid in victims:
             row = timeline[i]
-            drifted = method != "allocation_log" and (drifted_before or own_short)
             statuses[rid] = VictimStatus(
-                drifted=drifted,
                 unknown_pages=unknown_stale_pages(pool, pages, row.prompt_tokens, page_size),
             )
-            confidence = _confidence(method, row.source_table, drifted)
+            confidence = _confidence(method, row.source_table)
             read = stale_read(pool, pages, i, row.prompt_tokens, row.completion_tokens, page_size)
             for writer, n in read.items():
                 src = timeline[writer]
@@ -573,9 +641,12 @@ def _walk(
                 )
         else:
             pool.writer[pages] = i
-    if pool is not None:
-        shortfalls += pool.shortfalls
-        guesses += pool.guesses
+    exposures.sort(key=lambda e: (e.recipient_request_id, -e.tokens, e.source_request_id))
+    return exposures, statuses, None
+
+
+def _drift_warning(shortfalls: int, guesses: int) -> str | None:
+    """Why a replayed rank's sources are approximate, if they are."""
     warning = None
     if shortfalls:
         warning = (
@@ -590,8 +661,7 @@ def _walk(
             f"{guesses} decode legs have no client record (tenant and generated tokens"
             " unknown), so the replayed pool is approximate" + (f"; {warning}" if warning else "")
         )
-    exposures.sort(key=lambda e: (e.recipient_request_id, -e.tokens, e.source_request_id))
-    return exposures, statuses, warning
+    return warning
 
 
 def unknown_stale_pages(pool: PagePool, pages: np.ndarray, prompt_tokens: int, page_size: int):

@@ -1,0 +1,346 @@
+"""The allocator replay of one decode rank, over arrays: events in, who each victim read out.
+
+The rule replayed is SGLang's PD allocator as :class:`forensics.attribution.PagePool` states
+it one step at a time: pages 1..P, an ascending free list consumed from its head, freed pages
+parked until an allocation finds the free list too short, then merged and sorted. This module
+walks the same rule a stretch at a time, so the work per rank is a few array operations per
+*merge* of the free list, not Python per event:
+
+- Between two merges the free list does not change, so the allocations in between take
+  consecutive slices of it: their positions are a cumulative sum, and the stretch ends at the
+  first allocation the rest of the list cannot hold (a binary search).
+- Pages taken in one stretch are all different, so no allocation of a stretch overwrites
+  another's pages: each victim of the stretch reads the writers left by earlier stretches,
+  and the stretch's writes are applied afterwards, all at once.
+- A merge gathers the pages of every allocation freed since the previous merge (freed after
+  it was made, in event order) and sorts them in with what is left of the list.
+
+Nothing here knows DuckDB: a rank is a handful of NumPy arrays, so any scheduler (threads
+here, one task per rank elsewhere) can run :func:`replay_rank` as it is. Allocations and
+frees are keyed by timeline row: each row of a rank's timeline is one allocation, freed at
+most once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import numpy as np
+
+# Event kinds, in the order they sort at one instant: a pool (re)start, frees, allocations.
+POOL_START, FREE, ALLOC = 0, 1, 2
+
+
+@dataclass
+class RankReplay:
+    """What replaying one rank found.
+
+    Attributes:
+        reads: one row per (victim, writer): the victim's timeline row, the writer's, and
+            how many tokens of the victim's stale pages the writer's KV filled.
+        victims: one row per victim allocation replayed (in event order): its timeline row,
+            whether the replay had drifted by then (an earlier allocation of its pool did not
+            fit or had a guessed size, or its own did not fit), and its stale pages whose
+            writer is not in the replayed history.
+        shortfalls: allocations the replayed pool could not hold in full.
+        guesses: allocations sized without a client record (generated tokens unknown).
+    """
+
+    reads: dict[str, np.ndarray]
+    victims: dict[str, np.ndarray]
+    shortfalls: int = 0
+    guesses: int = 0
+
+
+def replay_rank(
+    kind: np.ndarray,
+    row: np.ndarray,
+    pool_tokens: np.ndarray,
+    page_size: np.ndarray,
+    prompt_tokens: np.ndarray,
+    completion_tokens: np.ndarray,
+    client_record: np.ndarray,
+    victim: np.ndarray,
+) -> RankReplay:
+    """Replay one rank's events through its page pool.
+
+    Args:
+        kind: per event, ``POOL_START``, ``FREE`` or ``ALLOC``, in engine order.
+        row: per event, the timeline row freed or allocated (ignored for a pool start).
+        pool_tokens, page_size: per event, the pool a ``POOL_START`` sets (else ignored).
+        prompt_tokens, completion_tokens, client_record, victim: per timeline row.
+
+    Events before the first pool start have no pool to replay against and are skipped.
+
+    >>> import numpy as np
+    >>> kinds = np.array([POOL_START, ALLOC, FREE, ALLOC])
+    >>> out = replay_rank(kinds, np.array([0, 0, 0, 1]), np.array([8, 0, 0, 0]),
+    ...                   np.array([1, 0, 0, 0]), prompt_tokens=np.array([5, 6]),
+    ...                   completion_tokens=np.array([1, 1]),
+    ...                   client_record=np.array([True, True]), victim=np.array([False, True]))
+    >>> {k: v.tolist() for k, v in out.reads.items()}
+    {'victim': [1], 'writer': [0], 'tokens': [5]}
+    """
+    import numpy as np
+
+    kind = np.asarray(kind)
+    starts = np.flatnonzero(kind == POOL_START)
+    found: list[dict[str, np.ndarray]] = []
+    states: list[dict[str, np.ndarray]] = []
+    shortfalls = guesses = 0
+    rows = _Rows(prompt_tokens, completion_tokens, client_record, victim)
+    for s, begin in enumerate(starts):
+        end = starts[s + 1] if s + 1 < len(starts) else len(kind)
+        size = int(page_size[begin]) or 1
+        segment = _Segment(
+            int(pool_tokens[begin]) // size, size, kind[begin + 1 : end], row[begin + 1 : end]
+        )
+        reads, state = segment.replay(rows)
+        found.append(reads)
+        states.append(state)
+        shortfalls += segment.shortfalls
+        guesses += segment.guesses
+    return RankReplay(
+        reads=_concat(found, {"victim": np.int64, "writer": np.int64, "tokens": np.int64}),
+        victims=_concat(states, {"row": np.int64, "drifted": np.bool_, "unknown_pages": np.int64}),
+        shortfalls=shortfalls,
+        guesses=guesses,
+    )
+
+
+# Below this many events in all, ranks are replayed in this process: starting worker
+# processes costs about a third of a second, as much as replaying a million events.
+PARALLEL_EVENTS = 1_000_000
+
+
+def replay_ranks(
+    ranks: list[tuple],
+    workers: int | None = None,
+    starting: Callable[[int], None] | None = None,
+) -> list[RankReplay]:
+    """Replay many ranks (each the arguments of :func:`replay_rank`), in parallel across
+    worker processes when there is enough work to pay for starting them.
+
+    Ranks are independent, so they spread over ``workers`` processes (default: one per CPU);
+    threads would not help, the walk holds the interpreter's lock between array operations.
+    Workers are started fresh ("spawn"): the caller holds a database connection with threads
+    of its own, which a forked child must not inherit. Results come back in ``ranks`` order;
+    ``starting`` is told each rank's position as its result is awaited (progress).
+    """
+    import os
+
+    tell = starting or (lambda i: None)
+    workers = workers if workers is not None else os.cpu_count() or 1
+    events = sum(len(r[0]) for r in ranks)
+    out = []
+    if workers < 2 or len(ranks) < 2 or events < PARALLEL_EVENTS:
+        for i, rank in enumerate(ranks):
+            tell(i)
+            out.append(replay_rank(*rank))
+        return out
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(workers, len(ranks)), mp_context=context) as pool:
+        chunk = max(1, len(ranks) // (4 * workers))
+        results = pool.map(replay_rank, *zip(*ranks, strict=True), chunksize=chunk)
+        for i in range(len(ranks)):
+            tell(i)
+            out.append(next(results))
+    return out
+
+
+class _Rows:
+    """A rank's timeline rows as the replay needs them."""
+
+    def __init__(self, prompt_tokens, completion_tokens, client_record, victim):
+        import numpy as np
+
+        self.prompt = np.asarray(prompt_tokens, dtype=np.int64)
+        self.completion = np.asarray(completion_tokens, dtype=np.int64)
+        self.client_record = np.asarray(client_record, dtype=np.bool_)
+        self.victim = np.asarray(victim, dtype=np.bool_)
+
+
+def _concat(parts: list[dict[str, np.ndarray]], dtypes: dict[str, type]) -> dict:
+    import numpy as np
+
+    return {
+        name: np.concatenate([p[name] for p in parts]).astype(dtype, copy=False)
+        if parts
+        else np.zeros(0, dtype=dtype)
+        for name, dtype in dtypes.items()
+    }
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+class _Segment:
+    """One pool instance: from a pool start to the next (or the end of the rank's events)."""
+
+    def __init__(self, pages: int, page_size: int, kind: np.ndarray, row: np.ndarray):
+        self.pages, self.page_size = pages, page_size
+        self.kind, self.row = kind, row
+        self.shortfalls = self.guesses = 0
+
+    def replay(self, rows: _Rows) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        import numpy as np
+
+        ps = self.page_size
+        alloc_at = np.flatnonzero(self.kind == ALLOC)  # event positions of the allocations
+        owner = self.row[alloc_at].astype(np.int64)  # their timeline rows
+        want = _ceil_div(rows.prompt[owner] + rows.completion[owner], ps)
+        n_alloc = len(alloc_at)
+        # Which allocation (index into alloc_at) a free releases: the row's allocation in this
+        # pool, only if it came first in event order (a free before its allocation, or of a
+        # row allocated in another pool, releases nothing, as PagePool.free of an unknown key).
+        alloc_of_row = np.full(len(rows.prompt), -1, dtype=np.int64)
+        alloc_of_row[owner[::-1]] = np.arange(n_alloc - 1, -1, -1)  # a row's first allocation
+        free_at = np.flatnonzero(self.kind == FREE)
+        freed_alloc = alloc_of_row[self.row[free_at]]
+        effective = freed_alloc >= 0
+        effective[effective] = alloc_at[freed_alloc[effective]] < free_at[effective]
+        free_at, freed_alloc = free_at[effective], freed_alloc[effective]
+        # A stretch's slice of the free list is kept only while an allocation in it has yet to
+        # be released (a page pool's worth of memory per stretch otherwise).
+        will_free = np.zeros(n_alloc, dtype=np.int64)
+        will_free[freed_alloc] = 1
+        pending: list[int] = []
+
+        taken = np.zeros(n_alloc, dtype=np.int64)  # pages each allocation got
+        region_of = np.zeros(n_alloc, dtype=np.int64)  # which stretch's slice holds them
+        offset = np.zeros(n_alloc, dtype=np.int64)  # where in that slice they start
+        short = np.zeros(n_alloc, dtype=np.bool_)
+        regions: list[np.ndarray | None] = []
+        writer = np.full(self.pages + 1, -1, dtype=np.int64)
+        free_list = np.arange(1, self.pages + 1, dtype=np.int64)
+        pos = 0
+        released_upto = 0  # frees before this index of free_at are merged in already
+        reads: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        victims: list[tuple[int, int]] = []  # (allocation, unknown pages)
+        k = 0
+        while k < n_alloc:
+            if want[k] > len(free_list) - pos:
+                # The free list is short: merge what was freed before this allocation.
+                upto = int(np.searchsorted(free_at, alloc_at[k]))
+                gone = freed_alloc[released_upto:upto]
+                released_upto = upto
+                parts = [free_list[pos:]] + self._pages_of(gone, regions, region_of, offset, taken)
+                for r, n in zip(*np.unique(region_of[gone], return_counts=True), strict=True):
+                    pending[r] -= int(n)
+                    if not pending[r]:
+                        regions[r] = None
+                # Sorted runs (the rest of the list, each allocation's slice): a stable sort
+                # (timsort) merges runs in near-linear time.
+                free_list, pos = np.sort(np.concatenate(parts), kind="stable"), 0
+                if want[k] > len(free_list):
+                    short[k] = True
+                    self.shortfalls += 1
+            # The stretch: allocation k (it fits now, or takes what is left) and every later
+            # one that fits in what remains of this free list.
+            first = min(int(want[k]), len(free_list) - pos)
+            room = len(free_list) - pos - first
+            stop = k + 1
+            if room and stop < n_alloc:
+                # Look ahead in growing windows: a stretch is usually hundreds of allocations.
+                window = 256
+                while True:
+                    sums = np.cumsum(want[stop : stop + window])
+                    fit = int(np.searchsorted(sums, room, side="right"))
+                    if fit < len(sums) or stop + window >= n_alloc:
+                        stop += fit
+                        break
+                    window *= 4
+            sizes = want[k:stop].copy()
+            sizes[0] = first
+            ends = pos + np.cumsum(sizes)
+            taken[k:stop] = sizes
+            offset[k:stop] = ends - sizes - pos
+            region_of[k:stop] = len(regions)
+            region = free_list[pos : int(ends[-1])]
+            pending.append(int(will_free[k:stop].sum()))
+            regions.append(region if pending[-1] else None)
+            pos = int(ends[-1])
+            members = np.arange(k, stop)
+            for v in members[rows.victim[owner[k:stop]]]:
+                unknown = self._read(v, region, offset, taken, owner, rows, writer, reads)
+                victims.append((int(v), unknown))
+            self._write(region, members, sizes, owner, rows, writer)
+            k = stop
+        self.guesses += int((~rows.client_record[owner]).sum())
+        # Drift before an allocation: an earlier one of this pool did not fit or was a guess.
+        guessed = ~rows.client_record[owner]
+        earlier: np.ndarray = np.cumsum(short | guessed) - (short | guessed)
+        at = np.array([v for v, _ in victims], dtype=np.int64)
+        state = {
+            "row": owner[at],
+            "drifted": (earlier[at] > 0) | short[at],
+            "unknown_pages": np.array([u for _, u in victims], dtype=np.int64),
+        }
+        if reads:
+            victim_rows, writers, counts = (np.concatenate(c) for c in zip(*reads, strict=True))
+        else:
+            victim_rows = writers = counts = np.zeros(0, dtype=np.int64)
+        return {"victim": victim_rows, "writer": writers, "tokens": counts * ps}, state
+
+    @staticmethod
+    def _pages_of(gone, regions, region_of, offset, taken) -> list[np.ndarray]:
+        """The pages of the allocations ``gone``, gathered stretch by stretch."""
+        import numpy as np
+
+        out: list[np.ndarray] = []
+        if not len(gone):
+            return out
+        by_region = region_of[gone]
+        for r in np.unique(by_region):
+            these = gone[by_region == r]
+            lengths = taken[these]
+            total = int(lengths.sum())
+            if not total:
+                continue
+            # The concatenated ranges [offset, offset + length) of these allocations.
+            starts = np.repeat(offset[these] - (np.cumsum(lengths) - lengths), lengths)
+            out.append(regions[r][starts + np.arange(total)])
+        return out
+
+    def _read(self, v, region, offset, taken, owner, rows, writer, reads) -> int:
+        """What victim allocation ``v`` reads from its stale pages; returns the pages whose
+        writer is unknown. Must run before the stretch's writes."""
+        import numpy as np
+
+        ps = self.page_size
+        me = int(owner[v])
+        pages = region[offset[v] : offset[v] + taken[v]]
+        stale = pages[1 : _ceil_div(max(int(rows.prompt[me]), 1), ps)]
+        who = writer[stale]
+        known = who[(who >= 0) & (who != me)]
+        if len(known):
+            ids, counts = np.unique(known, return_counts=True)
+            reads.append((np.full(len(ids), me, dtype=np.int64), ids, counts))
+        return int((who < 0).sum())
+
+    def _write(self, region, members, sizes, owner, rows, writer) -> None:
+        """Every page of the stretch gets its writer: all of an ordinary allocation's, and of a
+        victim's only its first page and those of its generated tokens."""
+        import numpy as np
+
+        total = len(region)
+        if not total:
+            return
+        who = np.repeat(owner[members], sizes)
+        if not rows.victim[owner[members]].any():
+            writer[region] = who
+            return
+        ps = self.page_size
+        at = np.arange(total) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        prompt, completion = rows.prompt[who], rows.completion[who]
+        own = (at == 0) | ((at >= prompt // ps) & (at < _ceil_div(prompt + completion, ps)))
+        keep = ~rows.victim[who] | own
+        writer[region[keep]] = who[keep]

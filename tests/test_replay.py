@@ -1,0 +1,175 @@
+"""The array replay of a decode rank against PagePool walked one event at a time."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from forensics.attribution import PagePool, _ceil_div, stale_read, unknown_stale_pages
+from forensics.replay import ALLOC, FREE, POOL_START, replay_rank
+
+
+def walk_events(kind, row, pool_tokens, page_size, prompt, completion, client, victim):
+    """The rule event by event with PagePool: the specification the array replay must meet."""
+    pool = None
+    size = 1
+    reads, states = set(), []
+    shortfalls = guesses = 0
+    for k, r, tokens, new_size in zip(kind, row, pool_tokens, page_size, strict=True):
+        if k == POOL_START:
+            if pool is not None:
+                shortfalls, guesses = shortfalls + pool.shortfalls, guesses + pool.guesses
+            size = new_size
+            pool = PagePool(tokens // size)
+            continue
+        if pool is None:
+            continue
+        if k == FREE:
+            pool.free(r)
+            continue
+        drifted_before = bool(pool.shortfalls or pool.guesses)
+        before = pool.shortfalls
+        pages = pool.alloc(r, _ceil_div(prompt[r] + completion[r], size))
+        if not client[r]:
+            pool.guesses += 1
+        own_short = pool.shortfalls > before
+        if victim[r]:
+            unknown = unknown_stale_pages(pool, pages, prompt[r], size)
+            states.append((r, drifted_before or own_short, unknown))
+            for writer, n in stale_read(pool, pages, r, prompt[r], completion[r], size).items():
+                reads.add((r, writer, n * size))
+        else:
+            pool.writer[pages] = r
+    if pool is not None:
+        shortfalls, guesses = shortfalls + pool.shortfalls, guesses + pool.guesses
+    return reads, states, shortfalls, guesses
+
+
+@st.composite
+def ranks(draw):
+    """A rank's history: rows allocated once and freed at most once (sometimes never, or
+    before their allocation, as broken logs do), pools restarted, small pools that run
+    short, victims, rows without a client record."""
+    n_rows = draw(st.integers(0, 40))
+    prompt = draw(st.lists(st.integers(0, 60), min_size=n_rows, max_size=n_rows))
+    completion = draw(st.lists(st.integers(0, 12), min_size=n_rows, max_size=n_rows))
+    client = [True] * n_rows
+    if draw(st.booleans()):
+        client = draw(st.lists(st.booleans(), min_size=n_rows, max_size=n_rows))
+    victim = draw(st.lists(st.booleans(), min_size=n_rows, max_size=n_rows))
+    events = [(draw(st.integers(0, 3)), POOL_START, -1)]
+    for r in range(n_rows):
+        at = draw(st.integers(0, 100))
+        events.append((at, ALLOC, r))
+        fate = draw(st.sampled_from(["free", "free", "free", "never", "before"]))
+        if fate == "free":
+            events.append((at + draw(st.integers(0, 30)), FREE, r))
+        elif fate == "before":
+            events.append((at - draw(st.integers(1, 5)), FREE, r))
+    for _ in range(draw(st.integers(0, 2))):
+        events.append((draw(st.integers(-5, 110)), POOL_START, -1))
+    events.sort(key=lambda e: (e[0], e[1], e[2]))
+    kind = [e[1] for e in events]
+    row = [max(e[2], 0) for e in events]
+    pool_tokens = [draw(st.integers(8, 400)) if k == POOL_START else 0 for k in kind]
+    page_size = [draw(st.sampled_from([1, 2, 4])) if k == POOL_START else 0 for k in kind]
+    return kind, row, pool_tokens, page_size, prompt, completion, client, victim
+
+
+@settings(max_examples=400, deadline=None)
+@given(ranks())
+def test_array_replay_matches_the_event_walk(history):
+    kind, row, pool_tokens, page_size, prompt, completion, client, victim = history
+    reads, states, shortfalls, guesses = walk_events(*history)
+    out = replay_rank(
+        *(np.array(v, dtype=np.int64) for v in history[:6]),
+        np.array(client, dtype=bool),
+        np.array(victim, dtype=bool),
+    )
+    got = set(zip(*(out.reads[c].tolist() for c in ("victim", "writer", "tokens")), strict=True))
+    assert got == reads
+    got_states = list(
+        zip(*(out.victims[c].tolist() for c in ("row", "drifted", "unknown_pages")), strict=True)
+    )
+    assert sorted(got_states) == sorted(states)
+    assert (out.shortfalls, out.guesses) == (shortfalls, guesses)
+
+
+def test_a_victim_reads_the_writers_of_pages_freed_before_it():
+    # Pool of 10 pages. A takes 1-3, B 4-6, both freed; V needs 8 pages: 4 are left, so the
+    # list is merged (1-10) and V takes 1-8: pages 2-3 were A's, 4-6 B's, 7 never written.
+    kind = [POOL_START, ALLOC, ALLOC, FREE, FREE, ALLOC]
+    row = [0, 0, 1, 0, 1, 2]
+    out = replay_rank(
+        np.array(kind),
+        np.array(row),
+        np.array([10, 0, 0, 0, 0, 0]),
+        np.ones(6, dtype=int),
+        prompt_tokens=np.array([3, 3, 7]),
+        completion_tokens=np.array([0, 0, 1]),
+        client_record=np.ones(3, dtype=bool),
+        victim=np.array([False, False, True]),
+    )
+    assert sorted(zip(out.reads["writer"].tolist(), out.reads["tokens"].tolist(), strict=True)) == [
+        (0, 2),
+        (1, 3),
+    ]
+    assert out.victims["unknown_pages"].tolist() == [1]
+    assert out.victims["drifted"].tolist() == [False]
+
+
+def test_an_ordinary_rank_reads_nothing():
+    # No victim: pages are written and reused, nobody reads a stale page.
+    kind = [POOL_START, ALLOC, FREE, ALLOC, FREE]
+    out = replay_rank(
+        np.array(kind),
+        np.array([0, 0, 0, 1, 1]),
+        np.array([4, 0, 0, 0, 0]),
+        np.ones(5, int),
+        prompt_tokens=np.array([3, 3]),
+        completion_tokens=np.array([1, 1]),
+        client_record=np.ones(2, dtype=bool),
+        victim=np.zeros(2, dtype=bool),
+    )
+    assert len(out.reads["victim"]) == 0 and len(out.victims["row"]) == 0
+    assert out.shortfalls == 0
+
+
+def test_ranks_replayed_in_worker_processes_match_this_process(monkeypatch):
+    import forensics.replay as replay
+
+    rng = np.random.default_rng(7)
+    ranks = []
+    for _ in range(4):
+        n = 300
+        alloc = np.sort(rng.integers(0, 10_000, n))
+        free = alloc + rng.integers(1, 400, n)
+        at = np.concatenate([[-1], alloc, free])
+        kind = np.concatenate([[POOL_START], np.full(n, ALLOC), np.full(n, FREE)])
+        row = np.concatenate([[0], np.arange(n), np.arange(n)])
+        order = np.lexsort((row, kind, at))
+        pool = np.zeros(2 * n + 1, dtype=np.int64)
+        pool[0] = 4_000
+        size = np.ones(2 * n + 1, dtype=np.int64)
+        size[0] = 4
+        ranks.append(
+            (
+                kind[order],
+                row[order],
+                pool[order],
+                size[order],
+                rng.integers(1, 200, n),
+                rng.integers(0, 50, n),
+                np.ones(n, dtype=bool),
+                rng.random(n) < 0.05,
+            )
+        )
+    here = replay.replay_ranks(ranks, workers=1)
+    monkeypatch.setattr(replay, "PARALLEL_EVENTS", 0)
+    there = replay.replay_ranks(ranks, workers=2)
+    assert sum(len(r.reads["victim"]) for r in here) > 0
+    for a, b in zip(here, there, strict=True):
+        for name in ("victim", "writer", "tokens"):
+            assert a.reads[name].tolist() == b.reads[name].tolist()
+        assert a.victims["unknown_pages"].tolist() == b.victims["unknown_pages"].tolist()
