@@ -17,7 +17,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -803,25 +804,6 @@ def _load_all(
     progress: Progress | None,
     entry: int | None = None,
 ) -> None:
-    # Each file commits on its own, and by default DuckDB checkpoints whenever its log passes
-    # 16 MB: nearly every file, and those checkpoints cost more than the inserts (60 % of a
-    # Parquet ingest at 1M requests). A larger threshold checkpoints a few times per million
-    # rows, and once after the last file; the log keeps every commit durable in between.
-    con.execute("SET checkpoint_threshold = '256MB'")
-    try:
-        _load_each(con, jobs, result, progress, entry)
-    finally:
-        con.execute("RESET checkpoint_threshold")
-    con.execute("CHECKPOINT")
-
-
-def _load_each(
-    con: duckdb.DuckDBPyConnection,
-    jobs: Iterable[tuple[Path, str, str, str, dict[str, Any], str, str | None]],
-    result: IngestResult,
-    progress: Progress | None,
-    entry: int | None,
-) -> None:
     for path, kind, fmt, tz, defaults, label, tenant_field in jobs:
         resolved = str(path.resolve())
         try:
@@ -863,6 +845,22 @@ def _load_each(
         else:
             # The file is in the database now: a failure recorded for it earlier is history.
             con.execute("DELETE FROM evidence_failures WHERE file = ?", [resolved])
+
+
+@contextmanager
+def _few_checkpoints(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """Checkpoint every 256 MB of log while loading, and once at the end.
+
+    Each file commits on its own, and by default DuckDB checkpoints whenever its log passes
+    16 MB: after nearly every file, and those checkpoints cost more than the inserts (60 % of
+    a Parquet ingest at 1M requests). The log keeps every commit durable in between.
+    """
+    con.execute("SET checkpoint_threshold = '256MB'")
+    try:
+        yield
+    finally:
+        con.execute("RESET checkpoint_threshold")
+    con.execute("CHECKPOINT")
 
 
 def _record_failures(
@@ -930,38 +928,40 @@ def ingest_case(case: Case, progress: Progress | None = None) -> IngestResult:
     result = IngestResult()
     con = connect(case.database, memory_limit=case.memory_limit)
     try:
-        for i, entry in enumerate(case.evidence, start=1):
-            files: list[Path] = []
-            # Pattern by pattern: one that matches nothing is missing evidence even when the
-            # entry's other patterns match.
-            for pattern in entry.paths:
-                found = replace(entry, paths=(pattern,)).files()
-                if not found:
-                    result.failures.append(
-                        FileFailure(
-                            _label(Path(pattern), case.folder),
-                            entry.kind,
-                            f"no file matches this pattern ([[evidence]] #{i}, kind {entry.kind})",
-                            format=entry.format,
-                            entry=i,
-                            outcome="missing",
+        with _few_checkpoints(con):
+            for i, entry in enumerate(case.evidence, start=1):
+                files: list[Path] = []
+                # Pattern by pattern: one that matches nothing is missing evidence even when the
+                # entry's other patterns match.
+                for pattern in entry.paths:
+                    found = replace(entry, paths=(pattern,)).files()
+                    if not found:
+                        result.failures.append(
+                            FileFailure(
+                                _label(Path(pattern), case.folder),
+                                entry.kind,
+                                f"no file matches this pattern ([[evidence]] #{i},"
+                                f" kind {entry.kind})",
+                                format=entry.format,
+                                entry=i,
+                                outcome="missing",
+                            )
                         )
+                    files += found
+                defaults = _defaults(entry.kind, entry)
+                jobs = [
+                    (
+                        f,
+                        entry.kind,
+                        entry.format,
+                        case.timezone,
+                        defaults,
+                        _label(f, case.folder),
+                        entry.tenant_field,
                     )
-                files += found
-            defaults = _defaults(entry.kind, entry)
-            jobs = [
-                (
-                    f,
-                    entry.kind,
-                    entry.format,
-                    case.timezone,
-                    defaults,
-                    _label(f, case.folder),
-                    entry.tenant_field,
-                )
-                for f in dict.fromkeys(files)
-            ]
-            _load_all(con, jobs, result, progress, entry=i)
+                    for f in dict.fromkeys(files)
+                ]
+                _load_all(con, jobs, result, progress, entry=i)
         _record_failures(con, "manifest", result.failures)
     finally:
         con.close()
@@ -1018,7 +1018,8 @@ def ingest_paths(
     con = connect(db_path, memory_limit=memory_limit)
     try:
         jobs = [(f, kind, fmt, timezone, defaults, str(f), tenant_field) for f in files]
-        _load_all(con, jobs, result, progress)
+        with _few_checkpoints(con):
+            _load_all(con, jobs, result, progress)
         tried = [str(f) for f in files] + [f.path for f in result.failures]
         _record_failures(con, "files", result.failures, tried)
     finally:
