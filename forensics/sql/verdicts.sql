@@ -59,7 +59,8 @@ SELECT r.request_id, r.tenant_id, r.received_at, r.prompt_tokens,
        array_to_string(p.signals, ',') AS signals,
        r.model, r.prefill_node, r.decode_node, r.dp_rank,
        NULL::VARCHAR AS excluded_by,
-       to_json(list_distinct(p.evidence)) AS evidence,
+       -- Sorted: a distinct list comes back in no set order, and outputs must not vary.
+       to_json(list_sort(list_distinct(p.evidence))) AS evidence,
        CASE WHEN p.lowered_by_prefill
             THEN 'its prefill leg processed the whole prompt without a rejection:'
                  || ' the limit on record may not be the one the node applied'
