@@ -91,6 +91,50 @@ def write_atomic(path: Path, data: bytes | Iterable[bytes]) -> None:
         raise
 
 
+class ParallelWrites:
+    """Many files written as :func:`write_atomic` writes one, several at a time.
+
+    Each file is still complete or absent under its real name, and on disk before its
+    rename; but the waits for the disk overlap (a report writes a notice and a CSV per
+    notified tenant: thousands of flushes, most of the report's time when made one by one).
+    At most ``4 * workers`` files wait in memory, so the cost stays bounded whatever the
+    count. The first failure is raised when the block ends (or at a later ``write``); files
+    already renamed stay, the rest are removed or never started.
+
+    >>> import tempfile
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> with ParallelWrites() as files:
+    ...     for i in range(3):
+    ...         files.write(folder / f"{i}.txt", b"x")
+    >>> sorted(p.name for p in folder.iterdir())
+    ['0.txt', '1.txt', '2.txt']
+    """
+
+    def __init__(self, workers: int = 8):
+        from collections import deque
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._pool = ThreadPoolExecutor(max_workers=workers)
+        self._pending: deque = deque()
+        self._limit = 4 * workers
+
+    def write(self, path: Path, data: bytes) -> None:
+        while len(self._pending) >= self._limit:
+            self._pending.popleft().result()
+        self._pending.append(self._pool.submit(write_atomic, path, data))
+
+    def __enter__(self) -> ParallelWrites:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None:
+                while self._pending:
+                    self._pending.popleft().result()
+        finally:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+
 def sync_dir(folder: Path) -> None:
     """Make the renames in ``folder`` durable (best effort: not every system can)."""
     with contextlib.suppress(OSError):

@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from forensics import __version__
 from forensics.errors import ForensicsError
-from forensics.files import private_dirs, remove_partials, sync_dir, write_atomic
+from forensics.files import (
+    ParallelWrites,
+    private_dirs,
+    remove_partials,
+    sync_dir,
+    write_atomic,
+)
 from forensics.report.data import (
     affected_rows,
     all_tenant_ids,
@@ -345,24 +351,28 @@ def write_notices(
     fix = remediation_status(con, case)
     written: list[Path] = []
     slugs = assign_slugs(list(scope.tenants))
-    for tenant, ctx in notice_contexts(con, scope):
-        slug = slugs[tenant]
-        ctx.update(
-            case_id=scrubber.scrub(case.id, tenant),
-            generated_on=human_time(generated_at),
-            window_start=human_time(window.get("start")) if window.get("start") else "",
-            window_end=human_time(window.get("end")) if window.get("end") else "",
-            csv_name=f"{slug}.csv",
-            fix={
-                "fixed": fix.fixed,
-                "fixed_at": fix.fixed_at,
-                "basis": scrubber.scrub(fix.basis, tenant),
-                "last_affected_at": fix.last_affected_at,
-                "still_limited": bool(fix.still_limited),
-            },
-        )
-        _write(folder / f"{slug}.md", template.render(ctx), written)
-        _write(folder / f"{slug}.csv", _notice_csv(ctx), written)
+    private_dirs(folder)
+    with ParallelWrites() as files:
+        for tenant, ctx in notice_contexts(con, scope):
+            slug = slugs[tenant]
+            ctx.update(
+                case_id=scrubber.scrub(case.id, tenant),
+                generated_on=human_time(generated_at),
+                window_start=human_time(window.get("start")) if window.get("start") else "",
+                window_end=human_time(window.get("end")) if window.get("end") else "",
+                csv_name=f"{slug}.csv",
+                fix={
+                    "fixed": fix.fixed,
+                    "fixed_at": fix.fixed_at,
+                    "basis": scrubber.scrub(fix.basis, tenant),
+                    "last_affected_at": fix.last_affected_at,
+                    "still_limited": bool(fix.still_limited),
+                },
+            )
+            notice = template.render(ctx)
+            for name, text in ((f"{slug}.md", notice), (f"{slug}.csv", _notice_csv(ctx))):
+                files.write(folder / name, text.encode("utf-8"))
+                written.append(folder / name)
     return written
 
 
