@@ -214,3 +214,25 @@ def test_write_atomic_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatc
     assert str(err.value) == f"{target}: cannot write the file (Input/output error)"
     assert target.read_text() == "old\n"
     assert [p.name for p in tmp_path.iterdir()] == ["x.csv"]
+
+
+def test_parallel_writes_raise_the_first_failure_and_leave_no_partial_file(tmp_path, monkeypatch):
+    from forensics import files
+
+    real_fsync = os.fsync
+    failing = tmp_path / "n3.md"
+
+    def full_disk_for_one(fd):
+        if os.readlink(f"/proc/self/fd/{fd}").split("/")[-1].startswith(".n3.md."):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(fd)
+
+    monkeypatch.setattr(files.os, "fsync", full_disk_for_one)
+    with pytest.raises(ForensicsError) as err, files.ParallelWrites(workers=2) as writes:
+        for i in range(6):
+            writes.write(tmp_path / f"n{i}.md", b"notice\n")
+    assert str(err.value) == f"{failing}: cannot write the file (No space left on device)"
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert "n3.md" not in left
+    assert not [name for name in left if name.endswith(".partial")]
+    assert all((tmp_path / name).read_bytes() == b"notice\n" for name in left)
