@@ -30,6 +30,12 @@ _NUM_RE = "'[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][+-]?[0-9]+)?'"
 _SECONDS_RE = "'[+-]?[0-9]{1,11}[.][0-9]{0,6}'"
 # An explicit offset or Z after a time of day (a date alone ends in "-08", which is no offset).
 _OFFSET_RE = "'[Tt ][0-9]{2}:[0-9]{2}.*([Zz]|[+-][0-9]{2}(:?[0-9]{2})?)$'"
+# RFC 3339 as most logs write it: read by DuckDB's own cast, which the general path below
+# reaches too for this form (after four other tests), so the fast path changes no value.
+_RFC3339_RE = (
+    "'[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}([.][0-9]{1,6})?"
+    "(Z|[+-][0-9]{2}:[0-9]{2})'"
+)
 _MIN_US, _MAX_US = -62135596800000000, 253402300799999999  # years 0001..9999
 # A number too large to be any instant: kept as an infinite instant so that the reject says
 # "out of range" rather than "not a timestamp".
@@ -129,7 +135,12 @@ def _text_cast(ctype: str, s: str, tz: str) -> str:
     """SQL casting text expression ``s`` to canonical type ``ctype``; NULL when it does not."""
     t = f"trim({s})"
     if ctype == "string":
-        return f"CASE WHEN trim({s}) = '' THEN NULL ELSE {s} END"
+        # trim() copies the text: only a value whose first character is not a printable ASCII
+        # letter, digit or sign between them can be blank, so only those pay for it.
+        return (
+            f"CASE WHEN {s} = '' OR (NOT ({s}[1] BETWEEN '0' AND 'z') AND trim({s}) = '') "
+            f"THEN NULL ELSE {s} END"
+        )
     if ctype == "float":
         return f"TRY_CAST({t} AS DOUBLE)"
     if ctype == "int":
@@ -142,7 +153,8 @@ def _text_cast(ctype: str, s: str, tz: str) -> str:
         )
     # timestamp
     return (
-        f"CASE WHEN regexp_full_match({t}, {_INT_RE}) AND TRY_CAST({t} AS BIGINT) IS NOT NULL "
+        f"CASE WHEN regexp_full_match({s}, {_RFC3339_RE}) THEN TRY_CAST({s} AS TIMESTAMPTZ) "
+        f"WHEN regexp_full_match({t}, {_INT_RE}) AND TRY_CAST({t} AS BIGINT) IS NOT NULL "
         f"THEN {_epoch_int(f'TRY_CAST({t} AS BIGINT)')} "
         f"WHEN regexp_full_match({t}, {_SECONDS_RE}) THEN {_epoch_seconds(t)} "
         f"WHEN regexp_full_match({t}, {_NUM_RE}) THEN {_epoch_text(t)} "
