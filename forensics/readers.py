@@ -329,24 +329,22 @@ def _split_lines(data: bytes):
 
 def _json_lines(con, source: Source) -> Source:
     table, damage = source.relation, source.damage
-    valid, count = con.execute(
-        f"SELECT count(*) FILTER (WHERE json_valid(__kv_line)), count(*) FROM {table}"
-    ).fetchone()
-    if valid == 0:
+    # The objects' key lists, each once (a value that is no object has none): a file's lines
+    # share a few of them, so the keys, and whether any object repeats a key, are known
+    # without checking every line for them.
+    shapes = [
+        r[0]
+        for r in con.execute(
+            f"SELECT json_keys(__kv_line) AS k FROM {table} WHERE json_valid(__kv_line) GROUP BY k"
+        ).fetchall()
+    ]
+    if not shapes:
+        count = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
         damaged = f"; {damage.describe()}" if damage else ""
         raise EvidenceError(
             f"not JSON Lines (none of its {count} lines is a JSON value; "
             f"the format needs one JSON object per line{damaged})"
         )
-    # The objects' key lists, each once: a file's lines share a few of them, so the keys and
-    # whether any object repeats a key are known without checking every line for it.
-    shapes = [
-        r[0]
-        for r in con.execute(
-            f"SELECT json_keys(__kv_line) AS k FROM {table} "
-            "WHERE json_valid(__kv_line) AND json_type(__kv_line) = 'OBJECT' GROUP BY k"
-        ).fetchall()
-    ]
     keys = list(dict.fromkeys(k for shape in shapes for k in shape))
     repeats = any(len(set(shape)) < len(shape) for shape in shapes)
     source.pre_error = (
