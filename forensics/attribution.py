@@ -752,8 +752,16 @@ def _mark_excluded(con) -> None:
            SELECT request_id, string_agg(exclusion, ',' ORDER BY exclusion) AS names
            FROM findings_excluded GROUP BY request_id"""
     )
-    for side in ("recipient", "source"):
-        con.execute(
-            f"""UPDATE findings_exposures x SET {side}_excluded_by = e.names
-                FROM excluded_names e WHERE e.request_id = x.{side}_request_id"""
-        )
+    # Rewritten whole rather than updated in place: DuckDB's UPDATE ... FROM took seconds for
+    # a few thousand matches among a hundred thousand exposures (4.2 s of a 2M detection).
+    con.execute(
+        """CREATE OR REPLACE TEMP TABLE marked_exposures AS
+           SELECT x.* REPLACE (r.names AS recipient_excluded_by, s.names AS source_excluded_by)
+           FROM (SELECT *, row_number() OVER () AS __order FROM findings_exposures) x
+           LEFT JOIN excluded_names r ON r.request_id = x.recipient_request_id
+           LEFT JOIN excluded_names s ON s.request_id = x.source_request_id
+           ORDER BY x.__order"""
+    )
+    con.execute("DELETE FROM findings_exposures")
+    con.execute("INSERT INTO findings_exposures SELECT * EXCLUDE (__order) FROM marked_exposures")
+    con.execute("DROP TABLE marked_exposures")
