@@ -76,8 +76,8 @@ MEMORY_OPT = typer.Option(
     "--memory-limit",
     metavar="SIZE",
     callback=check_memory_limit,
-    help="Cap DuckDB's memory, e.g. 1GB (default: the manifest's [database].memory_limit); "
-    "beyond it work spills to <database>.tmp/.",
+    help="Cap DuckDB's memory, e.g. 1GB (default: the manifest's [database].memory_limit, "
+    "else 2GB); beyond it work spills to <database>.tmp/.",
 )
 
 

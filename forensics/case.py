@@ -140,7 +140,7 @@ class Case:
     detection: Detection
     exclusions: tuple[Exclusion, ...]
     timeline: tuple[TimelineEvent, ...]
-    # DuckDB's memory cap for this case ("1GB"); None leaves DuckDB's default (80% of RAM).
+    # DuckDB's memory cap for this case ("1GB"); None leaves db.DEFAULT_MEMORY_LIMIT.
     memory_limit: str | None = None
 
     @property

@@ -213,6 +213,31 @@ def test_a_memory_limit_far_below_the_data_completes(tmp_path, big_parquet):
     con.close()
 
 
+def test_a_case_database_is_capped_by_default_and_a_limit_given_wins(tmp_path):
+    import duckdb
+
+    from forensics.db import DEFAULT_MEMORY_LIMIT
+
+    def limit(con) -> str:
+        return con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+
+    reference = duckdb.connect()
+    reference.execute(f"SET memory_limit = '{DEFAULT_MEMORY_LIMIT}'")
+    capped = limit(reference)
+    reference.execute("SET memory_limit = '64MB'")
+    small = limit(reference)
+    reference.close()
+    con = connect(tmp_path / "case.duckdb")
+    assert limit(con) == capped
+    con.close()
+    con = connect(tmp_path / "case.duckdb", memory_limit="64MB")
+    assert limit(con) == small
+    con.close()
+    memory = connect(":memory:")
+    assert limit(memory) != capped  # an in-memory case keeps DuckDB's own limit
+    memory.close()
+
+
 def test_a_memory_limit_too_small_is_one_line_and_records_nothing(tmp_path, big_parquet):
     db = tmp_path / "case.duckdb"
     args = ["ingest", str(db), str(big_parquet), "--kind", "requests"]
