@@ -123,36 +123,121 @@ def replay_ranks(
     starting: Callable[[int], None] | None = None,
 ) -> list[RankReplay]:
     """Replay many ranks (each the arguments of :func:`replay_rank`), in parallel across
-    worker processes when there is enough work to pay for starting them.
+    processes when there is enough work to pay for starting them.
 
-    Ranks are independent, so they spread over ``workers`` processes (default: one per CPU);
-    threads would not help, the walk holds the interpreter's lock between array operations.
-    Workers are started fresh ("spawn"): the caller holds a database connection with threads
-    of its own, which a forked child must not inherit. Results come back in ``ranks`` order;
-    ``starting`` is told each rank's position as its result is awaited (progress).
+    Ranks are independent, so they are dealt into ``workers`` shares of about equal events
+    (default: one per CPU); this process replays one share while fresh interpreters replay
+    the others (:func:`serve`). Threads would not help: the walk holds the interpreter's lock
+    between array operations. The workers are new processes running only this module, not
+    forks: the caller holds a database connection with threads of its own, and its main
+    script is not run again. A worker that fails has its share replayed here instead.
+    Results come back in ``ranks`` order; ``starting`` is told each rank's position as its
+    result is collected (progress).
     """
     import os
 
     tell = starting or (lambda i: None)
     workers = workers if workers is not None else os.cpu_count() or 1
     events = sum(len(r[0]) for r in ranks)
-    out = []
     if workers < 2 or len(ranks) < 2 or events < PARALLEL_EVENTS:
+        out = []
         for i, rank in enumerate(ranks):
             tell(i)
             out.append(replay_rank(*rank))
         return out
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(workers, len(ranks)), mp_context=context) as pool:
-        chunk = max(1, len(ranks) // (4 * workers))
-        results = pool.map(replay_rank, *zip(*ranks, strict=True), chunksize=chunk)
-        for i in range(len(ranks)):
-            tell(i)
-            out.append(next(results))
+    shares = _deal(ranks, min(workers, len(ranks)))
+    found: dict[int, RankReplay] = {}
+    children = [_start(ranks, share) for share in shares[1:]]
+    for i in shares[0]:
+        found[i] = replay_rank(*ranks[i])
+    for share, child in zip(shares[1:], children, strict=True):
+        results = _collect(child)
+        if results is None or len(results) != len(share):
+            results = [replay_rank(*ranks[i]) for i in share]
+        found.update(zip(share, results, strict=True))
+    out = []
+    for i in range(len(ranks)):
+        tell(i)
+        out.append(found[i])
     return out
+
+
+def _deal(ranks: list[tuple], n: int) -> list[list[int]]:
+    """Rank positions in ``n`` shares of about equal events, largest ranks first.
+
+    >>> _deal([([0] * 5,), ([0],), ([0] * 4,), ([0] * 2,)], 2)  # each rank: its events first
+    [[0, 1], [2, 3]]
+    """
+    shares: list[list[int]] = [[] for _ in range(n)]
+    load = [0] * n
+    for i in sorted(range(len(ranks)), key=lambda i: -len(ranks[i][0])):
+        least = load.index(min(load))
+        shares[least].append(i)
+        load[least] += len(ranks[i][0])
+    return [sorted(share) for share in shares]
+
+
+_SERVE = (
+    "import sys; from forensics.replay import serve; serve(sys.stdin.buffer, sys.stdout.buffer)"
+)
+
+
+def _start(ranks: list[tuple], share: list[int]):
+    """A worker process replaying ``share``, its input already sent."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ)
+    # The worker imports this package from where this process found it.
+    here = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-c", _SERVE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
+    except OSError:
+        return None
+    try:
+        assert child.stdin is not None
+        pickle.dump([ranks[i] for i in share], child.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+        child.stdin.close()
+    except OSError:  # the worker died before taking its input
+        child.kill()
+        child.wait()
+        return None
+    return child
+
+
+def _collect(child) -> list[RankReplay] | None:
+    """A worker's results, or None when it failed."""
+    import pickle
+
+    if child is None:
+        return None
+    try:
+        data = child.stdout.read()
+        child.stdout.close()
+        if child.wait() != 0:
+            return None
+        return pickle.loads(data)
+    except (OSError, pickle.UnpicklingError, EOFError):
+        return None
+
+
+def serve(given, answer) -> None:
+    """A worker: replay the ranks pickled on ``given``, pickle the results to ``answer``."""
+    import pickle
+
+    ranks = pickle.load(given)
+    pickle.dump([replay_rank(*r) for r in ranks], answer, protocol=pickle.HIGHEST_PROTOCOL)
+    answer.flush()
 
 
 class _Rows:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -136,10 +138,8 @@ def test_an_ordinary_rank_reads_nothing():
     assert out.shortfalls == 0
 
 
-def test_ranks_replayed_in_worker_processes_match_this_process(monkeypatch):
-    import forensics.replay as replay
-
-    rng = np.random.default_rng(7)
+def random_ranks(count: int = 4, seed: int = 7) -> list[tuple]:
+    rng = np.random.default_rng(seed)
     ranks = []
     for _ in range(4):
         n = 300
@@ -165,11 +165,55 @@ def test_ranks_replayed_in_worker_processes_match_this_process(monkeypatch):
                 rng.random(n) < 0.05,
             )
         )
-    here = replay.replay_ranks(ranks, workers=1)
-    monkeypatch.setattr(replay, "PARALLEL_EVENTS", 0)
-    there = replay.replay_ranks(ranks, workers=2)
+    return ranks
+
+
+def same_replays(here, there) -> None:
     assert sum(len(r.reads["victim"]) for r in here) > 0
+    assert len(here) == len(there)
     for a, b in zip(here, there, strict=True):
         for name in ("victim", "writer", "tokens"):
             assert a.reads[name].tolist() == b.reads[name].tolist()
         assert a.victims["unknown_pages"].tolist() == b.victims["unknown_pages"].tolist()
+
+
+def test_ranks_replayed_in_worker_processes_match_this_process(monkeypatch):
+    import forensics.replay as replay
+
+    ranks = random_ranks()
+    here = replay.replay_ranks(ranks, workers=1)
+    monkeypatch.setattr(replay, "PARALLEL_EVENTS", 0)
+    told: list[int] = []
+    same_replays(here, replay.replay_ranks(ranks, workers=3, starting=told.append))
+    assert told == [0, 1, 2, 3]
+
+
+def test_a_failed_worker_has_its_share_replayed_here(monkeypatch):
+    import forensics.replay as replay
+
+    ranks = random_ranks()
+    here = replay.replay_ranks(ranks, workers=1)
+    monkeypatch.setattr(replay, "PARALLEL_EVENTS", 0)
+    monkeypatch.setattr(replay, "_SERVE", "import sys; sys.exit(3)")
+    same_replays(here, replay.replay_ranks(ranks, workers=2))
+
+
+def test_workers_do_not_run_the_callers_script_again(tmp_path):
+    # A script without a main guard: a worker that re-ran it would replay (and print) again.
+    import subprocess
+    import sys
+
+    script = tmp_path / "caller.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "import forensics.replay as replay\n"
+        "from test_replay import random_ranks\n"
+        "replay.PARALLEL_EVENTS = 0\n"
+        "print(len(replay.replay_ranks(random_ranks(), workers=2)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "4\n"
