@@ -257,6 +257,7 @@ def attribute(
             groups.setdefault((node, v.dp_rank), []).append(v)
 
     rows: list[Exposure] = []
+    tables: list[Any] = []  # exposures of replayed ranks, as Arrow tables
     temporal_victims: list[str] = []  # no page-level method: every candidate tier
     drifted_victims: list[str] = []  # a replay that drifted: recent releases only
     # Ranks in the order the replay streams return them: node, then rank (none first).
@@ -292,13 +293,15 @@ def attribute(
             ]
             continue
         if method == "allocator_replay":
-            replayed, per_victim, warning = replays[(node, rank)]
+            table, per_victim, warning = replays[(node, rank)]
+            if table is not None:
+                tables.append(table)
         else:
             timeline, events = _allocation_log(con, node, rank)
             replayed, per_victim, warning = _walk(
                 timeline, events, {m.request_id: m for m in members}
             )
-        rows += replayed
+            rows += replayed
         if warning:
             result.warnings.append(("replay_drift", f"{node} rank {rank}: {warning}"))
         for m in members:
@@ -339,7 +342,9 @@ def attribute(
                     )
                 )
     if rows:
-        _insert_exposures(con, rows)
+        _insert_exposures(con, _exposure_table(rows))
+    for table in tables:
+        _insert_exposures(con, table)
     if temporal_victims:
         _temporal(con, temporal_victims, params, include_older=True)
     if drifted_victims:
@@ -460,18 +465,19 @@ class _ReplayStreams:
         self,
         ranks: dict[tuple[str, int | None], dict[str, Victim]],
         starting: Callable[[tuple[str, int | None]], None] | None = None,
-    ) -> dict[tuple[str, int | None], tuple[list[Exposure], dict[str, VictimStatus], str | None]]:
+    ) -> dict[tuple[str, int | None], tuple[Any, dict[str, VictimStatus], str | None]]:
         """Replay every rank (its victims by request id), in parallel across processes when
         the work is large (:func:`forensics.replay.replay_ranks`). ``starting`` is told of each
-        rank, in order, as its replay is about to be collected. Returns, per rank, what
-        ``_walk`` returns."""
+        rank, in order, as its replay is about to be collected. Returns, per rank, its
+        exposures (an Arrow table; None when the rank has no timeline), each victim's status
+        and the rank's drift warning."""
         keys = [key for key in ranks if key in self._at]
         found = replay_ranks(
             [self._arrays(key, ranks[key]) for key in keys],
             starting=(lambda i: starting(keys[i])) if starting else None,
         )
         out = {key: self._exposures(key, ranks[key], f) for key, f in zip(keys, found, strict=True)}
-        return {key: out.get(key, ([], {}, None)) for key in ranks}
+        return {key: out.get(key, (None, {}, None)) for key in ranks}
 
     def _arrays(self, key: tuple[str, int | None], victims: dict[str, Victim]) -> tuple:
         """One rank's events and timeline as :func:`forensics.replay.replay_rank` takes them."""
@@ -503,47 +509,50 @@ class _ReplayStreams:
 
     def _exposures(
         self, key: tuple[str, int | None], victims: dict[str, Victim], found: RankReplay
-    ) -> tuple[list[Exposure], dict[str, VictimStatus], str | None]:
-        """What one rank's replay found, as exposures and victim statuses."""
+    ) -> tuple[Any, dict[str, VictimStatus], str | None]:
+        """What one rank's replay found: its exposures as an Arrow table (the columns of
+        :class:`Exposure`), each victim's status, and the rank's drift warning."""
         import pyarrow as pa
 
         t_at, t_n, _, _ = self._at[key]
-        timeline = self._timeline.slice(t_at, t_n)
-        rows = timeline.select(["request_id", "tenant_id", "source_table", "free_at"])
+        rows = self._timeline.slice(t_at, t_n).select(
+            ["request_id", "tenant_id", "source_table", "free_at"]
+        )
         states = found.victims
         statuses: dict[str, VictimStatus] = {}
-        drifted_row: dict[int, bool] = {}
+        # Per victim row: its request, tenant and the confidence of what it read.
+        recipient: dict[int, tuple[str, str | None, str]] = {}
         for row, drifted, unknown in zip(
             states["row"].tolist(),
             states["drifted"].tolist(),
             states["unknown_pages"].tolist(),
             strict=True,
         ):
+            rid, table = rows.column("request_id")[row].as_py(), rows["source_table"][row].as_py()
             # A request with two allocations here keeps the status of its later one.
-            rid = rows.column("request_id")[row].as_py()
             statuses[rid] = VictimStatus(drifted=drifted, unknown_pages=unknown)
-            drifted_row[row] = drifted
+            recipient[row] = (
+                rid,
+                victims[rid].tenant_id,
+                _confidence("allocator_replay", table, drifted),
+            )
         reads = found.reads
-        recipients = rows.take(pa.array(reads["victim"])).to_pylist()
-        sources = rows.take(pa.array(reads["writer"])).to_pylist()
-        exposures = [
-            Exposure(
-                r["request_id"],
-                victims[r["request_id"]].tenant_id,
-                s["request_id"],
-                s["tenant_id"],
-                "allocator_replay",
-                tokens,
-                _confidence("allocator_replay", r["source_table"], drifted_row[v]),
-                None,
-                s["free_at"],
-            )
-            for r, s, v, tokens in zip(
-                recipients, sources, reads["victim"].tolist(), reads["tokens"].tolist(), strict=True
-            )
-        ]
-        exposures.sort(key=lambda e: (e.recipient_request_id, -e.tokens, e.source_request_id))
-        return exposures, statuses, _drift_warning(found.shortfalls, found.guesses)
+        who = [recipient[v] for v in reads["victim"].tolist()]
+        sources = rows.take(pa.array(reads["writer"]))
+        table = pa.table(
+            {
+                "recipient_request_id": pa.array([w[0] for w in who], pa.string()),
+                "recipient_tenant_id": pa.array([w[1] for w in who], pa.string()),
+                "source_request_id": sources.column("request_id"),
+                "source_tenant_id": sources.column("tenant_id"),
+                "method": pa.array(["allocator_replay"] * len(who), pa.string()),
+                "tokens": pa.array(reads["tokens"], pa.int64()),
+                "confidence": pa.array([w[2] for w in who], pa.string()),
+                "rank": pa.nulls(len(who), pa.int32()),
+                "source_released_at": sources.column("free_at"),
+            }
+        )
+        return table, statuses, _drift_warning(found.shortfalls, found.guesses)
 
 
 def _allocation_log(con, node: str, rank) -> tuple[list[TimelineRow], list[tuple]]:
@@ -676,12 +685,16 @@ def unknown_stale_pages(pool: PagePool, pages: np.ndarray, prompt_tokens: int, p
     return int((pool.writer[stale] < 0).sum())
 
 
-def _insert_exposures(con, rows: list[Exposure]) -> None:
-    """Bulk insert through Arrow (row-by-row inserts cost seconds per thousand rows)."""
+def _exposure_table(rows: list[Exposure]):
+    """Exposures as an Arrow table, one column per field."""
     import pyarrow as pa
 
-    names = Exposure._fields
-    exposure_rows = pa.table({n: [r[i] for r in rows] for i, n in enumerate(names)})  # noqa: F841
+    return pa.table({n: [r[i] for r in rows] for i, n in enumerate(Exposure._fields)})
+
+
+def _insert_exposures(con, exposure_rows) -> None:
+    """Insert an Arrow table of exposures in bulk (row-by-row inserts cost seconds per
+    thousand rows)."""
     con.execute(
         """INSERT INTO findings_exposures
            SELECT recipient_request_id, recipient_tenant_id, source_request_id,
