@@ -13,18 +13,18 @@ FROM engine_legs l, detect_params p
 WHERE (p.start_at IS NULL OR l.started_at >= p.start_at)
   AND (p.end_at IS NULL OR l.started_at <= p.end_at);
 
-CREATE OR REPLACE TEMP TABLE coverage_silences AS
-SELECT scope, node, lag("at") OVER (PARTITION BY scope, node ORDER BY "at") AS from_at,
-       "at" AS to_at
-FROM coverage_series;
-
 -- Silences long enough to matter, with the span inside them where the other side's work
--- would show (a minute's slack at each end).
+-- would show (a minute's slack at each end). Only these are kept: every row of the series
+-- opens a silence, nearly all of them short.
 CREATE OR REPLACE TEMP TABLE coverage_candidates AS
 SELECT scope, node, from_at, to_at,
        date_diff('millisecond', from_at, to_at) / 1000.0 AS gap_s,
        from_at + INTERVAL 1 MINUTE AS lo, to_at - INTERVAL 1 MINUTE AS hi
-FROM coverage_silences
+FROM (
+  SELECT scope, node, lag("at") OVER (PARTITION BY scope, node ORDER BY "at") AS from_at,
+         "at" AS to_at
+  FROM coverage_series
+)
 WHERE date_diff('millisecond', from_at, to_at) / 1000.0 > $gap_s;
 
 -- The other side's work, per node: client requests routed to it (prefill or decode).
@@ -68,6 +68,15 @@ LEFT JOIN (SELECT scope, node, count(*) AS holes, max(gap_s) AS largest,
   ON h.scope = c.scope AND h.node IS NOT DISTINCT FROM c.node
 GROUP BY c.scope, c.node;
 
+-- Per client request with engine legs: whether one of them is a prefill leg, a decode leg
+-- (a unified leg is both). Both checks below read this, not the legs.
+CREATE OR REPLACE TEMP TABLE coverage_logged AS
+SELECT client_request_id AS request_id,
+       bool_or(role IN ('prefill', 'unified')) AS prefill,
+       bool_or(role IN ('decode', 'unified')) AS decode
+FROM client_legs
+GROUP BY client_request_id;
+
 INSERT INTO findings_coverage
 SELECT 'client_only', r.prefill_node, count(*), min(r.received_at), max(r.received_at), 0, 0,
        format('{} successful requests with no engine leg (engine logs missing for them)',
@@ -75,29 +84,24 @@ SELECT 'client_only', r.prefill_node, count(*), min(r.received_at), max(r.receiv
 FROM scoped_requests r
 WHERE r.http_status BETWEEN 200 AND 299
   AND (SELECT count(*) FROM engine_legs) > 0
-  AND r.request_id NOT IN (SELECT client_request_id FROM client_legs)
+  AND r.request_id NOT IN (SELECT request_id FROM coverage_logged)
 GROUP BY r.prefill_node;
 
 -- Requests with engine legs, but not on a node the client log says they were routed to: that
 -- node's log is missing for them (a whole node's log left out shows here, as no silence can).
--- A unified leg serves both roles.
 CREATE OR REPLACE TEMP TABLE coverage_missing_legs AS
-WITH routed AS (
-  SELECT request_id, 'prefill' AS role, prefill_node AS node, received_at FROM scoped_requests
-  WHERE http_status BETWEEN 200 AND 299 AND prefill_node IS NOT NULL
-  UNION ALL
-  SELECT request_id, 'decode', decode_node, received_at FROM scoped_requests
-  WHERE http_status BETWEEN 200 AND 299 AND decode_node IS NOT NULL
-),
-logged AS (
-  SELECT DISTINCT client_request_id, unnest(CASE WHEN role = 'unified'
-    THEN ['prefill', 'decode'] ELSE [role] END) AS role
-  FROM client_legs
+WITH missing AS (
+  SELECT r.request_id, r.received_at, r.prefill_node, r.decode_node, g.prefill, g.decode
+  FROM scoped_requests r JOIN coverage_logged g USING (request_id)
+  WHERE r.http_status BETWEEN 200 AND 299
+    AND ((r.prefill_node IS NOT NULL AND NOT g.prefill)
+         OR (r.decode_node IS NOT NULL AND NOT g.decode))
 )
-SELECT r.* FROM routed r
-WHERE r.request_id IN (SELECT client_request_id FROM logged)
-  AND NOT EXISTS (SELECT 1 FROM logged g
-                  WHERE g.client_request_id = r.request_id AND g.role = r.role);
+SELECT request_id, 'prefill' AS role, prefill_node AS node, received_at FROM missing
+WHERE prefill_node IS NOT NULL AND NOT prefill
+UNION ALL
+SELECT request_id, 'decode', decode_node, received_at FROM missing
+WHERE decode_node IS NOT NULL AND NOT decode;
 
 INSERT INTO findings_coverage
 SELECT 'leg_missing:' || role, node, count(*), min(received_at), max(received_at), 0, 0,
