@@ -342,9 +342,12 @@ def attribute(
                     )
                 )
     if rows:
-        _insert_exposures(con, _exposure_table(rows))
-    for table in tables:
-        _insert_exposures(con, table)
+        tables.append(_exposure_table(rows))
+    if tables:
+        import pyarrow as pa
+
+        schema = _exposure_schema()
+        _insert_exposures(con, pa.concat_tables([t.cast(schema) for t in tables]))
     if temporal_victims:
         _temporal(con, temporal_victims, params, include_older=True)
     if drifted_victims:
@@ -685,11 +688,20 @@ def unknown_stale_pages(pool: PagePool, pages: np.ndarray, prompt_tokens: int, p
     return int((pool.writer[stale] < 0).sum())
 
 
+def _exposure_schema():
+    """The Arrow columns of :class:`Exposure`, whoever made the rows."""
+    import pyarrow as pa
+
+    types = [pa.string()] * 5 + [pa.int64(), pa.string(), pa.int32(), pa.timestamp("us", "UTC")]
+    return pa.schema(list(zip(Exposure._fields, types, strict=True)))
+
+
 def _exposure_table(rows: list[Exposure]):
     """Exposures as an Arrow table, one column per field."""
     import pyarrow as pa
 
-    return pa.table({n: [r[i] for r in rows] for i, n in enumerate(Exposure._fields)})
+    columns = {n: [r[i] for r in rows] for i, n in enumerate(Exposure._fields)}
+    return pa.table(columns, schema=_exposure_schema())
 
 
 def _insert_exposures(con, exposure_rows) -> None:

@@ -249,3 +249,34 @@ def test_missing_evidence_degrades_with_a_warning(tmp_path, drop):
         assert set(verdicts) == {"V", "W"}
     case_rows = dict(con.execute("SELECT key, value FROM findings_case").fetchall())
     assert json.loads(case_rows["exploitation"])["conclusion"]
+
+
+def test_exposures_of_a_log_and_of_a_replay_go_in_together():
+    # One case can have ranks with an allocation log (Python rows) and replayed ranks (Arrow
+    # columns as DuckDB hands them back): both become one table of one schema.
+    from datetime import UTC, datetime
+
+    import pyarrow as pa
+
+    from forensics.attribution import Exposure, _exposure_schema, _exposure_table, _insert_exposures
+    from forensics.schema import FINDINGS_DDL
+
+    at = datetime(2026, 9, 1, tzinfo=UTC)
+    logged = _exposure_table(
+        [Exposure("V", "tv", "A", "ta", "allocation_log", 4, "exact", None, at)]
+    )
+    con = connect(":memory:")
+    replayed = con.sql(
+        """SELECT 'W' AS recipient_request_id, 'tw' AS recipient_tenant_id,
+                  'B' AS source_request_id, NULL::VARCHAR AS source_tenant_id,
+                  'allocator_replay' AS method, 8::BIGINT AS tokens, 'high' AS confidence,
+                  NULL::INTEGER AS rank,
+                  TIMESTAMPTZ '2026-09-01 00:00:01+00' AS source_released_at"""
+    ).to_arrow_table()
+    con.execute(FINDINGS_DDL["findings_exposures"])
+    both = pa.concat_tables([t.cast(_exposure_schema()) for t in (logged, replayed)])
+    _insert_exposures(con, both)
+    assert con.execute(
+        "SELECT recipient_request_id, source_tenant_id, tokens, epoch(source_released_at)"
+        " FROM findings_exposures ORDER BY 1"
+    ).fetchall() == [("V", "ta", 4, at.timestamp()), ("W", None, 8, at.timestamp() + 1)]

@@ -25,7 +25,8 @@ CREATE OR REPLACE TEMP TABLE temporal_older AS
 WITH releases AS (
   SELECT node, coalesce(dp_rank, -1) AS rank_key, tenant_id, request_id, free_at,
          prompt_tokens + completion_tokens AS tokens
-  FROM decode_timeline WHERE free_at IS NOT NULL
+  -- Not wanted for a drifted replay's victims: then nothing is read at all.
+  FROM decode_timeline WHERE free_at IS NOT NULL AND $include_older
 ),
 node_releases AS (
   -- Victims with no rank recorded are matched on the node alone.
