@@ -113,8 +113,7 @@ GROUP BY role, node;
 INSERT INTO findings_coverage
 SELECT 'engine_only', l.node, count(*), min(l.started_at), max(l.started_at), 0, 0,
        format('{} engine legs with no client request (client logs missing for them)', count(*))
-FROM engine_legs l, detect_params p
-WHERE l.request_id NOT IN (SELECT request_id FROM client_legs)
-  AND (p.start_at IS NULL OR l.started_at >= p.start_at)
+FROM orphan_legs l, detect_params p
+WHERE (p.start_at IS NULL OR l.started_at >= p.start_at)
   AND (p.end_at IS NULL OR l.started_at <= p.end_at)
 GROUP BY l.node;

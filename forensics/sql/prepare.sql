@@ -81,12 +81,13 @@ CREATE OR REPLACE TEMP TABLE client_legs AS SELECT * FROM legs_of_clients();
 -- logged the rejection, or a decode that received far less than it reserved, followed by a
 -- decode leg that completed), so these stand in for the client record. The tenant comes from a
 -- `tenant_id` field the legs carry (kept in `extra`, e.g. a custom request label), else unknown.
+CREATE OR REPLACE TEMP TABLE orphan_legs AS
+SELECT engine_key(l.bootstrap_room, l.request_id) AS engine_key, l.*
+FROM engine_legs l
+WHERE l.request_id NOT IN (SELECT request_id FROM client_legs);
+
 CREATE OR REPLACE TEMP TABLE engine_requests AS
-WITH orphan AS (
-  SELECT engine_key(l.bootstrap_room, l.request_id) AS engine_key, l.*
-  FROM engine_legs l
-  WHERE l.request_id NOT IN (SELECT request_id FROM client_legs)
-),
+WITH orphan AS (SELECT * FROM orphan_legs),
 decode AS (
   SELECT engine_key, arg_min(l, (l.started_at, l.source_row)) AS d
   FROM orphan l WHERE l.role IN ('decode', 'unified') GROUP BY engine_key
@@ -123,14 +124,13 @@ LEFT JOIN prefill p USING (engine_key)
 LEFT JOIN labels g USING (engine_key);
 
 -- Legs matched to their request: the client's, else the engine request standing in for it.
-CREATE OR REPLACE TEMP TABLE matched_legs AS
+-- A view: copying every client leg again would cost more than reading them twice.
+CREATE OR REPLACE TEMP VIEW matched_legs AS
 SELECT * FROM client_legs
 UNION ALL
-SELECT e.request_id AS client_request_id, l.*
-FROM engine_legs l
-JOIN engine_requests e
-  ON engine_key(l.bootstrap_room, l.request_id) = e.engine_key
-WHERE l.request_id NOT IN (SELECT request_id FROM client_legs);
+SELECT e.request_id AS client_request_id, l.* EXCLUDE (engine_key)
+FROM orphan_legs l
+JOIN engine_requests e USING (engine_key);
 
 -- Every request the case knows: client records, then engine requests that have none. Client
 -- records answer `answered` from the HTTP status the client saw.

@@ -35,11 +35,11 @@ CREATE OR REPLACE TEMP MACRO engine_key(bootstrap_room, request_id) AS
 
 -- Engine legs matched to the client request they belong to: by request id, else by the PD
 -- bootstrap room (prefill and decode may log different rids for one request).
+-- One pass over the legs: the room is tried only for a leg whose rid names no request.
 CREATE OR REPLACE TEMP MACRO legs_of_clients() AS TABLE
-SELECT r.request_id AS client_request_id, l.*
-FROM engine_legs l JOIN requests r ON l.request_id = r.request_id
-UNION ALL
-SELECT r.request_id AS client_request_id, l.*
-FROM engine_legs l JOIN requests r ON l.bootstrap_room = r.bootstrap_room
-WHERE l.bootstrap_room IS NOT NULL
-  AND l.request_id NOT IN (SELECT request_id FROM requests);
+SELECT coalesce(by_id.request_id, by_room.request_id) AS client_request_id, l.*
+FROM engine_legs l
+LEFT JOIN (SELECT request_id FROM requests) by_id ON l.request_id = by_id.request_id
+LEFT JOIN (SELECT request_id, bootstrap_room FROM requests) by_room
+  ON by_id.request_id IS NULL AND l.bootstrap_room = by_room.bootstrap_room
+WHERE by_id.request_id IS NOT NULL OR by_room.request_id IS NOT NULL;
