@@ -262,7 +262,7 @@ def attribute(
     drifted_victims: list[str] = []  # a replay that drifted: recent releases only
     # Ranks in the order the replay streams return them: node, then rank (none first).
     ordered = sorted(groups.items(), key=lambda g: (g[0][0], g[0][1] is not None, g[0][1] or 0))
-    methods = {key: _choose_method(con, key[0], key[1], members) for key, members in ordered}
+    methods = _choose_methods(con, [key for key, _ in ordered])
     replayed_ranks = {
         key: {m.request_id: m for m in groups[key]}
         for key, (m, _) in methods.items()
@@ -363,23 +363,40 @@ def attribute(
     return result
 
 
-def _choose_method(con, node: str, rank, members: list[Victim]) -> tuple[str, str | None]:
-    """allocation_log where the node has one, else allocator_replay where the pool is known."""
-    has_log = con.execute(
-        """SELECT count(*) FROM kv_allocations
-           WHERE node = $node AND (dp_rank = $rank OR ($rank IS NULL AND dp_rank IS NULL))""",
-        {"node": node, "rank": rank},
-    ).fetchone()[0]
-    if has_log:
-        return "allocation_log", None
-    pool = con.execute(
-        "SELECT max(dp_size), count(*) FROM decode_limits WHERE node = $node", {"node": node}
-    ).fetchone()
-    if not pool[1]:
-        return "temporal", "no pool snapshot for this decode node, so its pool cannot be replayed"
-    if rank is None and (pool[0] or 1) > 1:
-        return "temporal", "no dp_rank recorded and the node has several ranks"
-    return "allocator_replay", None
+def _choose_methods(
+    con, ranks: list[tuple[str, int | None]]
+) -> dict[tuple[str, int | None], tuple[str, str | None]]:
+    """Per rank: allocation_log where the rank has one, else allocator_replay where the pool
+    is known, else temporal (with why). Two queries for all the ranks."""
+    logged = {
+        (node, rank)
+        for node, rank in con.execute(
+            "SELECT DISTINCT node, dp_rank FROM kv_allocations"
+        ).fetchall()
+    }
+    pools = {
+        node: dp_size
+        for node, dp_size in con.execute(
+            "SELECT node, max(dp_size) FROM decode_limits GROUP BY node"
+        ).fetchall()
+    }
+    methods: dict[tuple[str, int | None], tuple[str, str | None]] = {}
+    for node, rank in ranks:
+        if (node, rank) in logged:
+            methods[(node, rank)] = ("allocation_log", None)
+        elif node not in pools:
+            methods[(node, rank)] = (
+                "temporal",
+                "no pool snapshot for this decode node, so its pool cannot be replayed",
+            )
+        elif rank is None and (pools[node] or 1) > 1:
+            methods[(node, rank)] = (
+                "temporal",
+                "no dp_rank recorded and the node has several ranks",
+            )
+        else:
+            methods[(node, rank)] = ("allocator_replay", None)
+    return methods
 
 
 # What attribution is doing on a decode rank, by method (for progress).
