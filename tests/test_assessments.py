@@ -245,6 +245,43 @@ def test_coverage_states_a_node_whose_whole_log_is_missing(tmp_path):
     assert "2 requests missing the leg of a node they were routed to" in stated["statement"]
 
 
+def test_coverage_states_a_decode_log_missing_from_engine_logs_alone(tmp_path):
+    """With no client log nothing says where a request was routed, but a prefill that completed
+    always hands its request to a decode node: a completed prefill leg with no decode leg
+    anywhere means a decode log is missing. A rejected prefill may stop there: not counted."""
+    case, con = _case(tmp_path)
+    legs = [
+        ("both", "prefill", "p0", "10:00:01", None),
+        ("both", "decode", "d0", "10:00:02", None),
+        ("lost", "prefill", "p0", "10:01:01", None),
+        ("refused", "prefill", "p0", "10:02:01", "Input length (9 tokens) exceeds the maximum"),
+    ]
+    insert_rows(
+        con,
+        "engine_legs",
+        [
+            {
+                "request_id": r,
+                "role": role,
+                "node": n,
+                "started_at": f"2026-08-28T{t}Z",
+                "error": error,
+            }
+            for r, role, n, t, error in legs
+        ],
+    )
+    detect_case(con, case)
+    rows = con.execute(
+        "SELECT scope, node, rows FROM findings_coverage WHERE scope LIKE 'leg_missing%'"
+    ).fetchall()
+    assert rows == [("leg_missing:decode", None, 1)]
+    assert con.execute("SELECT request_id FROM coverage_missing_legs").fetchall() == [("lost",)]
+    stated = json.loads(
+        con.execute("SELECT value FROM findings_case WHERE key = 'coverage'").fetchone()[0]
+    )
+    assert stated["missing_legs"] == 1
+
+
 def test_explain_gathers_signals_legs_and_exposures(tmp_path):
     case, con = _case(tmp_path)
     insert_rows(con, "pool_snapshots", [PREFILL])

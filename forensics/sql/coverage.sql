@@ -103,10 +103,28 @@ UNION ALL
 SELECT request_id, 'decode', decode_node, received_at FROM missing
 WHERE decode_node IS NOT NULL AND NOT decode;
 
+-- Without a client record nothing says where an engine request was routed, but in PD a
+-- prefill that completed hands the request to a decode node, which logs a leg of its own. A
+-- prefill leg that completed without an error, with no decode leg anywhere, lost it to a
+-- decode log that is missing (which node, the logs do not say).
+INSERT INTO coverage_missing_legs
+SELECT e.request_id, 'decode', NULL, e.received_at
+FROM engine_requests e, detect_params p
+WHERE e.prefill_node IS NOT NULL AND e.decode_node IS NULL
+  AND e.engine_key NOT IN (SELECT engine_key FROM orphan_legs
+                           WHERE role = 'prefill' AND error IS NOT NULL)
+  AND (p.start_at IS NULL OR e.received_at >= p.start_at)
+  AND (p.end_at IS NULL OR e.received_at <= p.end_at);
+
 INSERT INTO findings_coverage
 SELECT 'leg_missing:' || role, node, count(*), min(received_at), max(received_at), 0, 0,
-       format('{} successful requests routed here with no {} leg from this node (its log is'
-              || ' missing for them)', count(*), role)
+       CASE WHEN node IS NULL
+            THEN format('{} engine requests whose prefill completed with no {} leg anywhere (a'
+                        || ' {} log is missing for them; which node, the logs do not say)',
+                        count(*), role, role)
+            ELSE format('{} successful requests routed here with no {} leg from this node (its'
+                        || ' log is missing for them)', count(*), role)
+       END
 FROM coverage_missing_legs
 GROUP BY role, node;
 
