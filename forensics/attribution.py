@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from forensics.replay import RankReplay, replay_ranks
+from forensics.replay import ceil_div as _ceil_div
 from forensics.verdicts import CONFIDENCE_ORDER
 
 if TYPE_CHECKING:
@@ -167,10 +168,6 @@ class PagePool:
         pages = self.held.pop(key, None)
         if pages is not None and len(pages):
             self.released.append(pages)
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def stale_read(

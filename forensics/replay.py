@@ -263,7 +263,12 @@ def _concat(parts: list[dict[str, np.ndarray]], dtypes: dict[str, type]) -> dict
     }
 
 
-def _ceil_div(a, b):
+def ceil_div(a, b):
+    """Whole pages for ``a`` tokens of ``b`` per page; works on ints and NumPy arrays alike.
+
+    >>> ceil_div(9, 4), ceil_div(8, 4), ceil_div(0, 4)
+    (3, 2, 0)
+    """
     return -(-a // b)
 
 
@@ -281,7 +286,7 @@ class _Segment:
         ps = self.page_size
         alloc_at = np.flatnonzero(self.kind == ALLOC)  # event positions of the allocations
         owner = self.row[alloc_at].astype(np.int64)  # their timeline rows
-        want = _ceil_div(rows.prompt[owner] + rows.completion[owner], ps)
+        want = ceil_div(rows.prompt[owner] + rows.completion[owner], ps)
         n_alloc = len(alloc_at)
         # Which allocation (index into alloc_at) a free releases: the row's allocation in this
         # pool, only if it came first in event order (a free before its allocation, or of a
@@ -403,7 +408,7 @@ class _Segment:
         ps = self.page_size
         me = int(owner[v])
         pages = region[offset[v] : offset[v] + taken[v]]
-        stale = pages[1 : _ceil_div(max(int(rows.prompt[me]), 1), ps)]
+        stale = pages[1 : ceil_div(max(int(rows.prompt[me]), 1), ps)]
         who = writer[stale]
         known = who[(who >= 0) & (who != me)]
         if len(known):
@@ -426,6 +431,6 @@ class _Segment:
         ps = self.page_size
         at = np.arange(total) - np.repeat(np.cumsum(sizes) - sizes, sizes)
         prompt, completion = rows.prompt[who], rows.completion[who]
-        own = (at == 0) | ((at >= prompt // ps) & (at < _ceil_div(prompt + completion, ps)))
+        own = (at == 0) | ((at >= prompt // ps) & (at < ceil_div(prompt + completion, ps)))
         keep = ~rows.victim[who] | own
         writer[region[keep]] = who[keep]
