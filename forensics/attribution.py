@@ -529,6 +529,7 @@ class _ReplayStreams:
     ) -> tuple[Any, dict[str, VictimStatus], str | None]:
         """What one rank's replay found: its exposures as an Arrow table (the columns of
         :class:`Exposure`), each victim's status, and the rank's drift warning."""
+        import numpy as np
         import pyarrow as pa
 
         t_at, t_n, _, _ = self._at[key]
@@ -554,18 +555,27 @@ class _ReplayStreams:
                 _confidence("allocator_replay", table, drifted),
             )
         reads = found.reads
-        who = [recipient[v] for v in reads["victim"].tolist()]
+        # Each read's victim, as a position among the few victims: their values are looked
+        # up once each, and every read takes them by position.
+        victim_rows = np.array(sorted(recipient), dtype=np.int64)
+        at = pa.array(np.searchsorted(victim_rows, reads["victim"]))
+        per_victim = [recipient[v] for v in victim_rows.tolist()]
+
+        def victim_column(i: int):
+            return pa.array([v[i] for v in per_victim], pa.string()).take(at)
+
         sources = rows.take(pa.array(reads["writer"]))
+        n = len(reads["victim"])
         table = pa.table(
             {
-                "recipient_request_id": pa.array([w[0] for w in who], pa.string()),
-                "recipient_tenant_id": pa.array([w[1] for w in who], pa.string()),
+                "recipient_request_id": victim_column(0),
+                "recipient_tenant_id": victim_column(1),
                 "source_request_id": sources.column("request_id"),
                 "source_tenant_id": sources.column("tenant_id"),
-                "method": pa.array(["allocator_replay"] * len(who), pa.string()),
+                "method": pa.array(["allocator_replay"] * n, pa.string()),
                 "tokens": pa.array(reads["tokens"], pa.int64()),
-                "confidence": pa.array([w[2] for w in who], pa.string()),
-                "rank": pa.nulls(len(who), pa.int32()),
+                "confidence": victim_column(2),
+                "rank": pa.nulls(n, pa.int32()),
                 "source_released_at": sources.column("free_at"),
             }
         )
