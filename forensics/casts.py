@@ -275,6 +275,7 @@ def stage_sql(
     tz: str,
     defaults: dict[str, Any],
     flagged: str | None = None,
+    keep: tuple[str, ...] = (),
 ) -> tuple[str, list[str]]:
     """The query that casts every canonical column and finds each row's first problem.
 
@@ -286,6 +287,7 @@ def stage_sql(
         flagged: a table of ``(source_row, column_name, reason)`` for rows that cast but are
             rejected all the same (duplicates found after loading); their reason becomes the
             row's problem.
+        keep: columns of ``source.relation`` passed through to the output as they are.
 
     Returns:
         The SELECT, and the canonical column names in the order of its ``__kv_t{i}`` outputs.
@@ -415,6 +417,7 @@ def stage_sql(
         "SELECT __kv_r, "
         + ", ".join(f"__kv_t{i}" for i in range(len(cols)))
         + ", __kv_extra, __kv_err, "
+        + "".join(f"{k}, " for k in keep)
         + f"CASE WHEN __kv_err IS NOT NULL THEN {source.raw_expr} END AS __kv_raw FROM ("
         + f"SELECT *, {err} AS __kv_err FROM ("
         + inner

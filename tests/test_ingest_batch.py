@@ -1,0 +1,136 @@
+"""Canonical Parquet files of one entry load together: the same tables as one by one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import forensics.ingest as ingest
+from forensics.db import connect
+from forensics.ingest import ingest_file, ingest_paths
+
+
+def _requests(day: int, n: int = 5, **changes) -> list[dict]:
+    return [
+        {
+            "request_id": f"d{day}-{i}",
+            "tenant_id": f"acct_{i % 3}",
+            "received_at": f"2026-09-0{day}T10:0{i}:00Z",
+            "prompt_tokens": 1000 * (i + 1),
+            "http_status": 200,
+            **changes,
+        }
+        for i in range(n)
+    ]
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def _day_files(tmp_path: Path) -> list[Path]:
+    """Four daily files of the same columns: one with rejects, one repeating rows of day 1
+    (one exactly, one with another tenant), then a file with an extra column."""
+    day2 = _requests(2)
+    day2[1]["prompt_tokens"] = -5  # out of range
+    day2[3]["tenant_id"] = ""  # required value missing
+    day3 = _requests(3)
+    day3[0] = dict(_requests(1)[0])
+    day3[2] = dict(_requests(1)[2], tenant_id="acct_other")
+    return [
+        _write(tmp_path / "r-1.parquet", _requests(1)),
+        _write(tmp_path / "r-2.parquet", day2),
+        _write(tmp_path / "r-3.parquet", day3),
+        _write(tmp_path / "r-4.parquet", _requests(4)),
+        _write(tmp_path / "r-5.parquet", _requests(5, user_agent="sdk/1")),
+    ]
+
+
+def _tables(db: Path) -> dict[str, list[tuple]]:
+    con = connect(db)
+    try:
+        return {
+            "requests": con.execute(
+                "SELECT * EXCLUDE (evidence_id), evidence_id - (SELECT min(evidence_id) "
+                "FROM evidence) FROM requests ORDER BY evidence_id, source_row"
+            ).fetchall(),
+            "rejects": con.execute(
+                "SELECT * EXCLUDE (evidence_id) FROM rejects ORDER BY evidence_id, source_row"
+            ).fetchall(),
+            "evidence": con.execute(
+                "SELECT * EXCLUDE (evidence_id, loaded_at) FROM evidence ORDER BY evidence_id"
+            ).fetchall(),
+        }
+    finally:
+        con.close()
+
+
+@pytest.fixture
+def batches(monkeypatch) -> list[int]:
+    """The size of every batch tried, and whether it loaded."""
+    seen: list[int] = []
+    real = ingest._load_batch
+
+    def spy(con, batch, progress):
+        loaded = real(con, batch, progress)
+        seen.append(len(batch) if loaded is not None else -len(batch))
+        return loaded
+
+    monkeypatch.setattr(ingest, "_load_batch", spy)
+    return seen
+
+
+def test_a_batch_loads_what_loading_file_by_file_loads(tmp_path, batches):
+    files = _day_files(tmp_path)
+    together = ingest_paths(tmp_path / "together.duckdb", files, "requests")
+    # The first four share their columns; the fifth has one more and loads alone.
+    assert batches == [4]
+    con = connect(tmp_path / "alone.duckdb")
+    for path in files:
+        ingest_file(con, path, "requests")
+    con.close()
+    assert _tables(tmp_path / "together.duckdb") == _tables(tmp_path / "alone.duckdb")
+    assert [f.rows_loaded for f in together.files] == [5, 3, 3, 5, 5]
+    assert [f.rows_rejected for f in together.files] == [0, 2, 2, 0, 0]
+    assert [(f.duplicates, f.conflicts) for f in together.files][2] == (1, 1)
+    reasons = _tables(tmp_path / "together.duckdb")["rejects"]
+    assert [(r[0], r[1], r[2]) for r in reasons] == [
+        (str(files[1]), 2, "prompt_tokens"),
+        (str(files[1]), 4, "tenant_id"),
+        (str(files[2]), 1, "request_id"),
+        (str(files[2]), 3, "request_id"),
+    ]
+    # A repeat names the file it repeats, loaded in the same statement.
+    assert reasons[2][3].startswith(f"exact duplicate: same content as {files[0]}:1")
+
+
+def test_a_file_that_fails_while_read_fails_alone(tmp_path, batches):
+    files = _day_files(tmp_path)[:4]
+    # Its footer reads (so it joins the batch); its first page does not.
+    data = bytearray(files[3].read_bytes())
+    data[4:40] = b"\xff" * 36
+    files[3].write_bytes(bytes(data))
+    result = ingest_paths(tmp_path / "case.duckdb", files, "requests")
+    assert batches == [-4]
+    assert [f.path for f in result.files] == [str(p) for p in files[:3]]
+    assert [f.path for f in result.failures] == [str(files[3])]
+    assert result.failures[0].message.startswith("cannot load the file (")
+    con = connect(tmp_path / "case.duckdb")
+    assert con.execute("SELECT count(*) FROM requests").fetchone() == (11,)
+    assert con.execute("SELECT count(*) FROM evidence").fetchone() == (3,)
+
+
+def test_files_loaded_before_and_repeated_bytes_load_alone(tmp_path, batches):
+    files = _day_files(tmp_path)[:4]
+    copy = tmp_path / "copy-of-1.parquet"
+    copy.write_bytes(files[0].read_bytes())
+    ingest_paths(tmp_path / "case.duckdb", files[:1], "requests")
+    result = ingest_paths(tmp_path / "case.duckdb", [*files, copy], "requests")
+    # r-1 is already loaded and its copy has the same bytes: both skipped, the rest together.
+    assert batches == [3]
+    assert [f.skipped for f in result.files] == [True, False, False, False, True]
+    assert result.rows_loaded == 3 + 3 + 5  # skipped files load nothing
