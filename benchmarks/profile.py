@@ -76,8 +76,13 @@ class TimedConnection:
         # the caller's tables so its SQL still finds them through this proxy.
         caller = inspect.currentframe().f_back.f_locals
         for name, value in caller.items():
-            if type(value).__module__.split(".")[0] in ("pyarrow", "polars", "pandas"):
+            kind = type(value)
+            if kind.__module__.split(".")[0] in ("pyarrow", "polars", "pandas") and (
+                kind.__name__ in ("Table", "RecordBatch", "RecordBatchReader", "DataFrame")
+            ):
                 self._con.register(name, value)
+            elif type(value).__name__ == "DuckDBPyRelation":
+                value.create_view(name, replace=True)
         key = " ".join(str(sql).split())[:100]
         start = time.perf_counter()
         try:

@@ -274,7 +274,12 @@ def attribute(
                 f"Attribution: {_DOING['allocator_replay']} {where}", position[key], len(ordered)
             )
 
-    replays = _ReplayStreams(con, list(replayed_ranks)).replay_all(replayed_ranks, replaying)
+    replays: dict[tuple[str, int | None], Any] = {}
+    for chunk in _rank_chunks(con, list(replayed_ranks)):
+        # One chunk's streams at a time: memory follows the chunk, not the incident.
+        streams = _ReplayStreams(con, chunk)
+        replays.update(streams.replay_all({key: replayed_ranks[key] for key in chunk}, replaying))
+        del streams
     for done, ((node, rank), members) in enumerate(ordered):
         method, why = methods[(node, rank)]
         if progress and method != "allocator_replay":
@@ -396,6 +401,52 @@ def _choose_methods(
     return methods
 
 
+# Keeps the rows of decode_timeline ``t`` on the ranks of parameter ``$ranks``.
+_OF_RANKS = """JOIN (SELECT UNNEST($ranks, recursive := true)) g
+                 ON g.node = t.node AND g.dp_rank IS NOT DISTINCT FROM t.dp_rank"""
+
+
+def _ranks_param(ranks: list[tuple[str, int | None]]) -> dict[str, Any]:
+    return {"ranks": [{"node": n, "dp_rank": r} for n, r in ranks]}
+
+
+# Ranks replay in chunks of about this many timeline rows (a rank larger than that alone):
+# the streams of a chunk are held in memory as Arrow tables, and DuckDB sorts a chunk's rows
+# within its memory limit.
+REPLAY_CHUNK_ROWS = 2_000_000
+
+
+def _rank_chunks(
+    con: duckdb.DuckDBPyConnection,
+    ranks: list[tuple[str, int | None]],
+    rows: int | None = None,
+) -> list[list[tuple[str, int | None]]]:
+    """``ranks`` in order, cut into runs of at most ``rows`` timeline rows (default
+    :data:`REPLAY_CHUNK_ROWS`) each."""
+    if not ranks:
+        return []
+    limit = REPLAY_CHUNK_ROWS if rows is None else rows
+    sizes = {
+        (node, rank): n
+        for node, rank, n in con.execute(
+            f"""SELECT t.node, t.dp_rank, count(*)
+               FROM decode_timeline t {_OF_RANKS}
+               WHERE t.alloc_at IS NOT NULL GROUP BY ALL""",
+            _ranks_param(ranks),
+        ).fetchall()
+    }
+    chunks: list[list[tuple[str, int | None]]] = []
+    held = 0
+    for key in ranks:
+        n = sizes.get(key, 0)
+        if not chunks or (held + n > limit and chunks[-1]):
+            chunks.append([])
+            held = 0
+        chunks[-1].append(key)
+        held += n
+    return chunks
+
+
 # What attribution is doing on a decode rank, by method (for progress).
 _DOING = {
     "allocation_log": "reading the allocation log of",
@@ -428,17 +479,25 @@ class _ReplayStreams:
         self._at: dict[tuple[str, int | None], tuple[int, int, int, int]] = {}
         if not ranks:
             return
+        order = "ORDER BY node, dp_rank NULLS FIRST"
+        # Each row's place in its rank's allocation order, from the row ids of a sorted copy
+        # (a table keeps the order it was written in) less its rank's first: a window numbering
+        # would hold whole ranks in memory, where a sort spills to disk.
+        con.execute(
+            f"""CREATE OR REPLACE TEMP TABLE replay_sorted AS
+               SELECT t.* FROM decode_timeline t {_OF_RANKS}
+               WHERE t.alloc_at IS NOT NULL
+               {order}, alloc_at, request_id""",
+            _ranks_param(ranks),
+        )
         con.execute(
             """CREATE OR REPLACE TEMP TABLE replay_timelines AS
-               SELECT row_number() OVER (PARTITION BY t.node, t.dp_rank
-                                         ORDER BY t.alloc_at, t.request_id) - 1 AS idx, t.*
-               FROM decode_timeline t
-               JOIN (SELECT UNNEST($ranks, recursive := true)) g
-                 ON g.node = t.node AND g.dp_rank IS NOT DISTINCT FROM t.dp_rank
-               WHERE t.alloc_at IS NOT NULL""",
-            {"ranks": [{"node": n, "dp_rank": r} for n, r in ranks]},
+               SELECT s.rowid - f.first AS idx, s.*
+               FROM replay_sorted s
+               JOIN (SELECT node, dp_rank, min(rowid) AS first FROM replay_sorted GROUP BY ALL) f
+                 ON f.node = s.node AND f.dp_rank IS NOT DISTINCT FROM s.dp_rank"""
         )
-        order = "ORDER BY node, dp_rank NULLS FIRST"
+        con.execute("DROP TABLE replay_sorted")
         self._timeline = con.sql(
             f"""SELECT {_TIMELINE_COLUMNS}
                 FROM replay_timelines {order}, idx"""

@@ -280,3 +280,44 @@ def test_exposures_of_a_log_and_of_a_replay_go_in_together():
         "SELECT recipient_request_id, source_tenant_id, tokens, epoch(source_released_at)"
         " FROM findings_exposures ORDER BY 1"
     ).fetchall() == [("V", "ta", 4, at.timestamp()), ("W", None, 8, at.timestamp() + 1)]
+
+
+def test_ranks_replay_in_chunks_of_bounded_rows():
+    from forensics.attribution import _rank_chunks
+
+    con = connect(":memory:")
+    con.execute(
+        """CREATE TEMP TABLE decode_timeline AS
+           SELECT node, dp_rank, TIMESTAMPTZ '2026-09-01 00:00:00+00' AS alloc_at
+           FROM (VALUES ('a', 0, 3), ('a', 1, 2), ('b', NULL, 4), ('c', 0, 9))
+                v(node, dp_rank, n), range(n)"""
+    )
+    ranks = [("a", 0), ("a", 1), ("b", None), ("d", 0), ("c", 0)]
+    # Runs of at most 5 rows; a rank larger than that goes alone; one with no rows costs none.
+    assert _rank_chunks(con, ranks, rows=5) == [
+        [("a", 0), ("a", 1)],
+        [("b", None), ("d", 0)],
+        [("c", 0)],
+    ]
+    assert _rank_chunks(con, ranks, rows=100) == [ranks]
+    assert _rank_chunks(con, [], rows=5) == []
+
+
+def test_replay_in_chunks_finds_what_one_pass_finds(tiny_case_dir, monkeypatch):
+    import forensics.attribution as attribution
+    from forensics.ingest import ingest_case
+
+    case = load_case(tiny_case_dir / "case.toml")
+    ingest_case(case)
+    con = connect(case.database)
+    query = """SELECT * FROM findings_exposures ORDER BY ALL"""
+    detect_case(con, case)
+    whole = con.execute(query).fetchall()
+    replayed = con.execute(
+        "SELECT count(DISTINCT (node, dp_rank)) FROM findings_attribution "
+        "WHERE method = 'allocator_replay'"
+    ).fetchone()[0]
+    monkeypatch.setattr(attribution, "REPLAY_CHUNK_ROWS", 1)  # every rank its own chunk
+    detect_case(con, case)
+    assert replayed > 1 and len(whole) > 0
+    assert con.execute(query).fetchall() == whole
