@@ -741,11 +741,22 @@ def _walk(
 
 
 def _drift_warning(shortfalls: int, guesses: int) -> str | None:
-    """Why a replayed rank's sources are approximate, if they are."""
+    """Why a replayed rank's sources are approximate, if they are.
+
+    >>> _drift_warning(0, 0) is None
+    True
+    >>> print(_drift_warning(1, 0))
+    1 allocation did not fit the replayed pool; the logs are incomplete or the pool was not
+    empty when they begin, so sources are approximate
+    >>> _drift_warning(0, 3).split(" (")[0]
+    '3 decode legs have no client record'
+    """
+    from forensics.terminal import plural
+
     warning = None
     if shortfalls:
         warning = (
-            f"{shortfalls} allocations did not fit the replayed pool; the logs are"
+            f"{plural(shortfalls, 'allocation')} did not fit the replayed pool; the logs are"
             " incomplete or the pool was not empty when they begin, so sources are"
             " approximate"
         )
@@ -753,8 +764,9 @@ def _drift_warning(shortfalls: int, guesses: int) -> str | None:
         # Without the client record a leg's generated tokens are unknown, so its allocation
         # size is a guess and every later allocation on the rank may be shifted.
         warning = (
-            f"{guesses} decode legs have no client record (tenant and generated tokens"
-            " unknown), so the replayed pool is approximate" + (f"; {warning}" if warning else "")
+            f"{plural(guesses, 'decode leg has', 'decode legs have')} no client record (tenant"
+            " and generated tokens unknown), so the replayed pool is approximate"
+            + (f"; {warning}" if warning else "")
         )
     return warning
 

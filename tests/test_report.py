@@ -561,7 +561,7 @@ def test_report_command_writes_beside_the_manifest(tmp_path):
     )
     assert "Affected responses: 3" in result.output
     assert "Notify: 2 recipient tenants, 2 source tenants." in " ".join(result.output.split())
-    assert "Review: 2 candidates" in " ".join(result.output.split())
+    assert "Review: 2 entries in review.csv" in " ".join(result.output.split())
     # Holes in the logs qualify every figure: the console says so too.
     assert "Log coverage: Incomplete: 1 silences in a log" in " ".join(result.output.split())
 
