@@ -47,13 +47,14 @@ def coverage_statement(
     """One sentence on coverage that qualifies every conclusion of the report.
 
     ``missing_legs`` counts requests that have engine legs, but not from a node the client log
-    routed them to.
+    routed them to, or (engine logs alone) a completed prefill leg with no decode leg anywhere:
+    either way a node's log lacks a leg, and which node it is the logs may not say.
 
     >>> coverage_statement(0, 0, 0, 10)["level"]
     'complete'
     >>> coverage_statement(2, 5, 0, 10)["statement"].startswith("Incomplete")
     True
-    >>> "3 requests missing the leg of a node" in coverage_statement(0, 0, 0, 10, 3)["statement"]
+    >>> "3 requests missing an engine leg" in coverage_statement(0, 0, 0, 10, 3)["statement"]
     True
     """
     if engine_rows == 0:
@@ -79,7 +80,8 @@ def coverage_statement(
             "missing_legs": 0,
         }
     missing = (
-        f" {missing_legs:,} requests missing the leg of a node they were routed to,"
+        f" {missing_legs:,} requests missing an engine leg (the prefill or decode log that"
+        " should hold it does not),"
         if missing_legs
         else ""
     )

@@ -242,7 +242,7 @@ def test_coverage_states_a_node_whose_whole_log_is_missing(tmp_path):
     )
     assert stated["level"] == "incomplete"
     assert stated["missing_legs"] == 2
-    assert "2 requests missing the leg of a node they were routed to" in stated["statement"]
+    assert "2 requests missing an engine leg (the prefill or decode log" in stated["statement"]
 
 
 def test_coverage_states_a_decode_log_missing_from_engine_logs_alone(tmp_path):

@@ -668,6 +668,19 @@ def test_run_end_to_end_on_a_simulated_case(tmp_path):
     notices = list((out / "notices").glob("*.md"))
     assert len(notices) == len({n["tenant_id"] for n in notes})
     assert not any("acct_researcher" in p.read_text() for p in notices)
+    assert "customer tenants in the client log: " in (out / "report.md").read_text()
+
+
+def test_engine_logs_alone_count_tenants_against_no_client_log(tmp_path):
+    simulate = pytest.importorskip("forensics.simulate")
+    summary = simulate.simulate_case(tmp_path / "sim", requests=1500, seed=11, fmt="sglang")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["run", str(summary.case_path), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    for name in ("report.md", "report.html"):
+        text = " ".join((out / name).read_text().split())
+        assert "No client log names the customer tenants, so there is no total" in text, name
+        assert "in the client log:" not in text, name
 
 
 def test_exploitation_csv_lists_every_assessed_tenant_with_its_reasons(report):
