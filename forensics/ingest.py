@@ -987,10 +987,15 @@ def _load_batch(
     sizes = [item.size for item in batch]
     labels = [item.job[5] for item in batch]
 
+    reached = [0]  # the files the bar has shown, in order (progress numbers them as seen)
+
     def report(fraction: float) -> None:
         # The files are read together; the bar walks them in order.
         if progress:
             k = min(len(batch) - 1, int(fraction * len(batch)))
+            for j in range(reached[0], k):
+                progress(labels[j], sizes[j], sizes[j])
+            reached[0] = max(reached[0], k)
             progress(labels[k], int(sizes[k] * (fraction * len(batch) - k)), sizes[k])
 
     report(0.0)

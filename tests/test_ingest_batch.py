@@ -134,3 +134,15 @@ def test_files_loaded_before_and_repeated_bytes_load_alone(tmp_path, batches):
     assert batches == [3]
     assert [f.skipped for f in result.files] == [True, False, False, False, True]
     assert result.rows_loaded == 3 + 3 + 5  # skipped files load nothing
+
+
+def test_progress_shows_the_files_of_a_batch_in_order(tmp_path, batches):
+    files = _day_files(tmp_path)[:4]
+    calls: list[tuple[str, int, int]] = []
+    ingest_paths(
+        tmp_path / "case.duckdb", files, "requests", progress=lambda *call: calls.append(call)
+    )
+    assert batches == [4]
+    assert list(dict.fromkeys(label for label, _, _ in calls)) == [str(p) for p in files]
+    last = {label: (done, total) for label, done, total in calls}
+    assert last == {str(p): (p.stat().st_size, p.stat().st_size) for p in files}
