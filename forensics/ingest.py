@@ -891,7 +891,7 @@ def _loaded(
 ) -> None:
     result.files.append(done)
     # The file is in the database now: a failure recorded for it earlier is history.
-    con.execute("DELETE FROM evidence_failures WHERE file = ?", [str(Path(path).resolve())])
+    con.execute("DELETE FROM evidence_failures WHERE file = ?", [str(path.resolve())])
 
 
 def _load_one(
