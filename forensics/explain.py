@@ -78,7 +78,7 @@ def _engine_only(
                WHERE engine_key(l.bootstrap_room, l.request_id) IN (
                        SELECT engine_key(bootstrap_room, request_id) FROM engine_legs
                        WHERE request_id = $id)
-                 AND l.request_id NOT IN (SELECT request_id FROM legs_of_clients())
+                 AND l.request_id NOT IN (SELECT request_id FROM legs_of_clients('leg_unmatched'))
                ORDER BY l.started_at, l.role""",
             {"id": request_id},
         )
@@ -179,6 +179,8 @@ def explain_request(
     Raises:
         ForensicsError: the request id is not in the case, or detection has not run.
     """
+    # Every lookup of a request's legs goes through the legs no client rid names (rules.sql).
+    con.execute("CREATE OR REPLACE TEMP TABLE leg_unmatched AS FROM unmatched_legs()")
     found = _dicts(
         con.execute(
             """SELECT r.*, e.path AS evidence_path FROM requests r
@@ -202,7 +204,7 @@ def explain_request(
         legs = _dicts(
             con.execute(
                 """SELECT l.* EXCLUDE (client_request_id), e.path AS evidence_path
-               FROM legs_of_clients() l LEFT JOIN evidence e USING (evidence_id)
+               FROM legs_of_clients('leg_unmatched') l LEFT JOIN evidence e USING (evidence_id)
                WHERE l.client_request_id = $id
                ORDER BY l.started_at, l.role""",
                 {"id": request_id},

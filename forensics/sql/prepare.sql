@@ -73,18 +73,26 @@ SELECT node, observed_at, pool_tokens, page_size, dp_size, evidence_id, source_r
 FROM snap
 WHERE previous_pool IS NULL OR previous_pool <> pool_tokens OR previous_page <> page_size;
 
--- Engine legs matched to the client request they belong to (rules.sql: legs_of_clients).
-CREATE OR REPLACE TEMP TABLE client_legs AS SELECT * FROM legs_of_clients();
+-- Engine legs matched to the client request they belong to (rules.sql: legs_of_clients). A
+-- view: the unmatched few are kept, and each reader joins the legs to them.
+CREATE OR REPLACE TEMP TABLE leg_unmatched AS FROM unmatched_legs();
+CREATE OR REPLACE TEMP VIEW client_legs AS FROM legs_of_clients('leg_unmatched');
 
 -- Engine requests with no client record (a lost or missing client log): the legs of one request
 -- grouped by bootstrap room, else by rid. The engine alone proves an exposure (a prefill that
 -- logged the rejection, or a decode that received far less than it reserved, followed by a
 -- decode leg that completed), so these stand in for the client record. The tenant comes from a
 -- `tenant_id` field the legs carry (kept in `extra`, e.g. a custom request label), else unknown.
+-- A leg matched by neither rid nor room whose rid another leg's room matched belongs to that
+-- client request's engine work, not to a request of its own.
 CREATE OR REPLACE TEMP TABLE orphan_legs AS
 SELECT engine_key(l.bootstrap_room, l.request_id) AS engine_key, l.*
 FROM engine_legs l
-WHERE l.request_id NOT IN (SELECT request_id FROM client_legs);
+SEMI JOIN (SELECT leg_row FROM leg_unmatched
+           WHERE client_request_id IS NULL
+             AND request_id NOT IN (SELECT request_id FROM leg_unmatched
+                                    WHERE client_request_id IS NOT NULL)) o
+  ON l.rowid = o.leg_row;
 
 CREATE OR REPLACE TEMP TABLE engine_requests AS
 WITH orphan AS (SELECT * FROM orphan_legs),

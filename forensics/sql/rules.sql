@@ -33,13 +33,26 @@ CREATE OR REPLACE TEMP MACRO ttft_ms(logged_ms, received_at, first_token_at) AS
 CREATE OR REPLACE TEMP MACRO engine_key(bootstrap_room, request_id) AS
   coalesce('room:' || bootstrap_room, 'rid:' || request_id);
 
+-- Engine legs whose rid names no client request, by row id, each with the client request its
+-- PD bootstrap room names (client_request_id NULL when none does). In PD logs nearly every
+-- leg's rid names its request, so this set is small: matching goes through it and the legs
+-- themselves are never copied.
+CREATE OR REPLACE TEMP MACRO unmatched_legs() AS TABLE
+WITH unmatched AS (
+  SELECT l.rowid AS leg_row, l.request_id, l.bootstrap_room
+  FROM engine_legs l ANTI JOIN requests r ON l.request_id = r.request_id
+)
+SELECT u.leg_row, u.request_id, by_room.request_id AS client_request_id
+FROM unmatched u
+LEFT JOIN (SELECT request_id, bootstrap_room FROM requests
+           WHERE bootstrap_room IN (SELECT bootstrap_room FROM unmatched)) by_room
+  ON u.bootstrap_room = by_room.bootstrap_room;
+
 -- Engine legs matched to the client request they belong to: by request id, else by the PD
--- bootstrap room (prefill and decode may log different rids for one request).
--- One pass over the legs: the room is tried only for a leg whose rid names no request.
-CREATE OR REPLACE TEMP MACRO legs_of_clients() AS TABLE
-SELECT coalesce(by_id.request_id, by_room.request_id) AS client_request_id, l.*
+-- bootstrap room (prefill and decode may log different rids for one request). `unmatched`
+-- names a table holding unmatched_legs() (detection keeps one; every reader shares it).
+CREATE OR REPLACE TEMP MACRO legs_of_clients(unmatched) AS TABLE
+SELECT coalesce(x.client_request_id, l.request_id) AS client_request_id, l.*
 FROM engine_legs l
-LEFT JOIN (SELECT request_id FROM requests) by_id ON l.request_id = by_id.request_id
-LEFT JOIN (SELECT request_id, bootstrap_room FROM requests) by_room
-  ON by_id.request_id IS NULL AND l.bootstrap_room = by_room.bootstrap_room
-WHERE by_id.request_id IS NOT NULL OR by_room.request_id IS NOT NULL;
+LEFT JOIN query_table(unmatched) x ON l.rowid = x.leg_row
+WHERE x.leg_row IS NULL OR x.client_request_id IS NOT NULL;

@@ -1,0 +1,139 @@
+"""Detection's working views on small cases: how legs meet their requests, and log silences."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+
+from forensics.case import load_case
+from forensics.db import connect, insert_rows
+from forensics.detect import case_parameters, detect_case, prepare
+
+
+def _case(tmp_path):
+    path = tmp_path / "case.toml"
+    path.write_text('[incident]\nid = "INC-W"\ncontext_length = 1048576\n')
+    case = load_case(path)
+    return case, connect(case.database)
+
+
+def _req(rid, room):
+    return {
+        "request_id": rid,
+        "tenant_id": "t1",
+        "received_at": "2026-08-28T10:00:00Z",
+        "prompt_tokens": 1000,
+        "http_status": 200,
+        "bootstrap_room": room,
+    }
+
+
+def _leg(rid, role, room, second):
+    return {
+        "request_id": rid,
+        "role": role,
+        "node": "p0" if role == "prefill" else "d0",
+        "started_at": f"2026-08-28T10:00:{second:02d}Z",
+        "bootstrap_room": room,
+    }
+
+
+def test_legs_meet_their_request_by_rid_else_room_and_the_rest_stand_alone(tmp_path):
+    case, con = _case(tmp_path)
+    insert_rows(
+        con,
+        "requests",
+        [_req("c1", "1"), _req("c2", "2"), _req("c3", "5"), _req("c3b", "5")],
+    )
+    insert_rows(
+        con,
+        "engine_legs",
+        [
+            _leg("c1", "prefill", "1", 1),  # by rid
+            _leg("d-x", "decode", "1", 2),  # another rid, c1's room
+            _leg("d-x", "prefill", None, 3),  # no room, but a rid a matched leg carries
+            _leg("c2", "decode", "77", 4),  # the rid wins over a room naming nothing
+            _leg("d-5", "decode", "5", 5),  # a room two requests share: both
+            _leg("e-1", "decode", "9", 6),  # nothing names it
+            _leg("e-2", "prefill", None, 7),  # nor this one
+        ],
+    )
+    prepare(con, case_parameters(case))
+    matched = con.execute(
+        "SELECT client_request_id, request_id, role FROM client_legs ORDER BY ALL"
+    ).fetchall()
+    assert matched == [
+        ("c1", "c1", "prefill"),
+        ("c1", "d-x", "decode"),
+        ("c2", "c2", "decode"),
+        ("c3", "d-5", "decode"),
+        ("c3b", "d-5", "decode"),
+    ]
+    orphans = con.execute("SELECT request_id, engine_key FROM orphan_legs ORDER BY 1").fetchall()
+    assert orphans == [("e-1", "room:9"), ("e-2", "rid:e-2")]
+    # The engine requests standing in for a missing client record: one per engine key.
+    assert con.execute("SELECT request_id FROM engine_requests ORDER BY 1").fetchall() == [
+        ("e-1",),
+        ("e-2",),
+    ]
+
+
+def test_legs_with_no_client_log_are_all_engine_requests(tmp_path):
+    case, con = _case(tmp_path)
+    insert_rows(
+        con,
+        "engine_legs",
+        [
+            _leg("e-1", "prefill", "9", 1),
+            _leg("e-1b", "decode", "9", 2),
+            _leg("e-2", "decode", None, 3),
+        ],
+    )
+    prepare(con, case_parameters(case))
+    assert con.execute("SELECT count(*) FROM client_legs").fetchone() == (0,)
+    assert con.execute("SELECT engine_key FROM engine_requests ORDER BY 1").fetchall() == [
+        ("rid:e-2",),
+        ("room:9",),
+    ]
+
+
+def test_silences_are_the_ones_a_row_by_row_reading_finds(tmp_path):
+    """Silences are found over buckets of time, not rows: on a series built around the gap
+    (just under, at and just over it, sub-millisecond steps, bursts), the same silences as
+    reading every row in order."""
+    case, con = _case(tmp_path)
+    gap = case_parameters(case)["coverage_gap_s"]
+    rng = random.Random(7)
+    start = datetime(2026, 8, 28, tzinfo=UTC)
+    steps_us = [1, 999, 1000, 1001, int(gap * 1e6) - 1000, int(gap * 1e6) - 1, int(gap * 1e6)]
+    steps_us += [int(gap * 1e6) + 1, int(gap * 1e6) + 1000, int(gap * 2.5e6), 0]
+    legs = []
+    for node in ("d0", "d1", "d2"):
+        at = start
+        for i in range(400):
+            step = rng.choice(steps_us) if rng.random() < 0.3 else rng.randrange(1, 50_000_000)
+            at += timedelta(microseconds=step)
+            legs.append(
+                {
+                    "request_id": f"{node}-{i}",
+                    "role": "decode",
+                    "node": node,
+                    "started_at": at.isoformat().replace("+00:00", "Z"),
+                }
+            )
+    insert_rows(con, "engine_legs", legs)
+    detect_case(con, case)
+    found = con.execute(
+        "SELECT scope, node, from_at, to_at, gap_s FROM coverage_candidates ORDER BY ALL"
+    ).fetchall()
+    row_by_row = con.execute(
+        """SELECT scope, node, from_at, to_at, date_diff('millisecond', from_at, to_at) / 1000.0
+           FROM (SELECT scope, node, "at" AS to_at,
+                        lag("at") OVER (PARTITION BY scope, node ORDER BY "at") AS from_at
+                 FROM coverage_series)
+           WHERE date_diff('millisecond', from_at, to_at) / 1000.0 > $gap
+           ORDER BY ALL""",
+        {"gap": gap},
+    ).fetchall()
+    assert len(row_by_row) > 20
+    assert found == row_by_row
