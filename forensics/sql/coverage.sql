@@ -14,16 +14,23 @@ WHERE (p.start_at IS NULL OR l.started_at >= p.start_at)
   AND (p.end_at IS NULL OR l.started_at <= p.end_at);
 
 -- Silences long enough to matter, with the span inside them where the other side's work
--- would show (a minute's slack at each end). Only these are kept: every row of the series
--- opens a silence, nearly all of them short.
+-- would show (a minute's slack at each end). Rows in one bucket of whole milliseconds no wider
+-- than $gap_s are closer than $gap_s, so a longer silence runs from the last row of one occupied
+-- bucket to the first of the next: ordering the occupied buckets, not every row, finds each one.
 CREATE OR REPLACE TEMP TABLE coverage_candidates AS
+WITH occupied AS (
+  SELECT scope, node, min("at") AS first_at, max("at") AS last_at
+  FROM coverage_series
+  WHERE "at" IS NOT NULL
+  GROUP BY scope, node, floor(epoch_ms("at") / greatest(floor($gap_s * 1000), 1))
+)
 SELECT scope, node, from_at, to_at,
        date_diff('millisecond', from_at, to_at) / 1000.0 AS gap_s,
        from_at + INTERVAL 1 MINUTE AS lo, to_at - INTERVAL 1 MINUTE AS hi
 FROM (
-  SELECT scope, node, lag("at") OVER (PARTITION BY scope, node ORDER BY "at") AS from_at,
-         "at" AS to_at
-  FROM coverage_series
+  SELECT scope, node, lag(last_at) OVER (PARTITION BY scope, node ORDER BY first_at) AS from_at,
+         first_at AS to_at
+  FROM occupied
 )
 WHERE date_diff('millisecond', from_at, to_at) / 1000.0 > $gap_s;
 
