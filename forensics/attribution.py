@@ -274,12 +274,14 @@ def attribute(
                 f"Attribution: {_DOING['allocator_replay']} {where}", position[key], len(ordered)
             )
 
-    replays: dict[tuple[str, int | None], Any] = {}
-    for chunk in _rank_chunks(con, list(replayed_ranks)):
+    # A rank with no timeline rows replays nothing.
+    replays: dict[tuple[str, int | None], Any] = dict.fromkeys(replayed_ranks, (None, {}, None))
+    for chunk in _rank_chunks(_sort_replayed(con, list(replayed_ranks))):
         # One chunk's streams at a time: memory follows the chunk, not the incident.
         streams = _ReplayStreams(con, chunk)
-        replays.update(streams.replay_all({key: replayed_ranks[key] for key in chunk}, replaying))
+        replays.update(streams.replay_all({s.key: replayed_ranks[s.key] for s in chunk}, replaying))
         del streams
+    con.execute("DROP TABLE IF EXISTS replay_sorted")
     for done, ((node, rank), members) in enumerate(ordered):
         method, why = methods[(node, rank)]
         if progress and method != "allocator_replay":
@@ -410,40 +412,64 @@ def _ranks_param(ranks: list[tuple[str, int | None]]) -> dict[str, Any]:
     return {"ranks": [{"node": n, "dp_rank": r} for n, r in ranks]}
 
 
+class _RankSpan(NamedTuple):
+    """Where one rank's rows sit in ``replay_sorted``: row ids ``first`` to ``first + rows - 1``."""
+
+    key: tuple[str, int | None]
+    first: int
+    rows: int
+
+
+def _sort_replayed(
+    con: duckdb.DuckDBPyConnection, ranks: list[tuple[str, int | None]]
+) -> list[_RankSpan]:
+    """Copy the timelines of ``ranks`` into ``replay_sorted``, each rank's rows together in
+    allocation order, in one sort for them all (it spills past the memory limit; sorting
+    per chunk of ranks would scan the whole timeline once per chunk). Returns the span of
+    every rank with rows, in table order; a rank with none is left out."""
+    if not ranks:
+        return []
+    # Only what the replay reads: a narrower copy sorts and spills less.
+    con.execute(
+        f"""CREATE OR REPLACE TEMP TABLE replay_sorted AS
+           SELECT t.node, t.dp_rank, t.alloc_at, {_TIMELINE_COLUMNS}
+           FROM decode_timeline t {_OF_RANKS}
+           WHERE t.alloc_at IS NOT NULL
+           ORDER BY t.node, t.dp_rank NULLS FIRST, t.alloc_at, t.request_id""",
+        _ranks_param(ranks),
+    )
+    return [
+        _RankSpan((node, rank), first, n)
+        for node, rank, first, n in con.execute(
+            """SELECT node, dp_rank, min(rowid) AS first, count(*)
+               FROM replay_sorted GROUP BY ALL ORDER BY first"""
+        ).fetchall()
+    ]
+
+
 # Ranks replay in chunks of about this many timeline rows (a rank larger than that alone):
-# the streams of a chunk are held in memory as Arrow tables, and DuckDB sorts a chunk's rows
-# within its memory limit.
+# the streams of a chunk are held in memory as Arrow tables, and DuckDB orders a chunk's
+# events within its memory limit.
 REPLAY_CHUNK_ROWS = 2_000_000
 
 
-def _rank_chunks(
-    con: duckdb.DuckDBPyConnection,
-    ranks: list[tuple[str, int | None]],
-    rows: int | None = None,
-) -> list[list[tuple[str, int | None]]]:
-    """``ranks`` in order, cut into runs of at most ``rows`` timeline rows (default
-    :data:`REPLAY_CHUNK_ROWS`) each."""
-    if not ranks:
-        return []
+def _rank_chunks(spans: list[_RankSpan], rows: int | None = None) -> list[list[_RankSpan]]:
+    """``spans`` in order, cut into runs of at most ``rows`` timeline rows (default
+    :data:`REPLAY_CHUNK_ROWS`) each; a rank with more rows than that is a run of its own.
+
+    >>> spans = [_RankSpan(("a", 0), 0, 3), _RankSpan(("a", 1), 3, 2), _RankSpan(("b", 0), 5, 9)]
+    >>> [[s.key for s in run] for run in _rank_chunks(spans, rows=5)]
+    [[('a', 0), ('a', 1)], [('b', 0)]]
+    """
     limit = REPLAY_CHUNK_ROWS if rows is None else rows
-    sizes = {
-        (node, rank): n
-        for node, rank, n in con.execute(
-            f"""SELECT t.node, t.dp_rank, count(*)
-               FROM decode_timeline t {_OF_RANKS}
-               WHERE t.alloc_at IS NOT NULL GROUP BY ALL""",
-            _ranks_param(ranks),
-        ).fetchall()
-    }
-    chunks: list[list[tuple[str, int | None]]] = []
+    chunks: list[list[_RankSpan]] = []
     held = 0
-    for key in ranks:
-        n = sizes.get(key, 0)
-        if not chunks or (held + n > limit and chunks[-1]):
+    for span in spans:
+        if not chunks or held + span.rows > limit:
             chunks.append([])
             held = 0
-        chunks[-1].append(key)
-        held += n
+        chunks[-1].append(span)
+        held += span.rows
     return chunks
 
 
@@ -473,31 +499,28 @@ class _ReplayStreams:
     pool_tokens, page_size)``: kind 0 a pool start, 1 a free, 2 an allocation.
     """
 
-    def __init__(self, con, ranks: list[tuple[str, int | None]]):
+    def __init__(self, con, spans: list[_RankSpan]):
         self._timeline: Any = None
         self._events: Any = None
         self._at: dict[tuple[str, int | None], tuple[int, int, int, int]] = {}
-        if not ranks:
+        if not spans:
             return
         order = "ORDER BY node, dp_rank NULLS FIRST"
-        # Each row's place in its rank's allocation order, from the row ids of a sorted copy
-        # (a table keeps the order it was written in) less its rank's first: a window numbering
-        # would hold whole ranks in memory, where a sort spills to disk.
-        con.execute(
-            f"""CREATE OR REPLACE TEMP TABLE replay_sorted AS
-               SELECT t.* FROM decode_timeline t {_OF_RANKS}
-               WHERE t.alloc_at IS NOT NULL
-               {order}, alloc_at, request_id""",
-            _ranks_param(ranks),
-        )
+        # The chunk's ranks are consecutive in replay_sorted (_sort_replayed): one range of row
+        # ids. A row's place in its rank's allocation order is its row id less its rank's first.
         con.execute(
             """CREATE OR REPLACE TEMP TABLE replay_timelines AS
                SELECT s.rowid - f.first AS idx, s.*
                FROM replay_sorted s
-               JOIN (SELECT node, dp_rank, min(rowid) AS first FROM replay_sorted GROUP BY ALL) f
-                 ON f.node = s.node AND f.dp_rank IS NOT DISTINCT FROM s.dp_rank"""
+               JOIN (SELECT UNNEST($spans, recursive := true)) f
+                 ON f.node = s.node AND f.dp_rank IS NOT DISTINCT FROM s.dp_rank
+               WHERE s.rowid BETWEEN $lo AND $hi""",
+            {
+                "spans": [{"node": k[0], "dp_rank": k[1], "first": f} for k, f, _ in spans],
+                "lo": spans[0].first,
+                "hi": spans[-1].first + spans[-1].rows - 1,
+            },
         )
-        con.execute("DROP TABLE replay_sorted")
         self._timeline = con.sql(
             f"""SELECT {_TIMELINE_COLUMNS}
                 FROM replay_timelines {order}, idx"""

@@ -283,24 +283,41 @@ def test_exposures_of_a_log_and_of_a_replay_go_in_together():
 
 
 def test_ranks_replay_in_chunks_of_bounded_rows():
-    from forensics.attribution import _rank_chunks
+    from forensics.attribution import _rank_chunks, _RankSpan, _sort_replayed
 
     con = connect(":memory:")
     con.execute(
         """CREATE TEMP TABLE decode_timeline AS
-           SELECT node, dp_rank, TIMESTAMPTZ '2026-09-01 00:00:00+00' AS alloc_at
-           FROM (VALUES ('a', 0, 3), ('a', 1, 2), ('b', NULL, 4), ('c', 0, 9))
-                v(node, dp_rank, n), range(n)"""
+           SELECT node, dp_rank, TIMESTAMPTZ '2026-09-01 00:00:00+00' + to_seconds(-i) AS alloc_at,
+                  NULL::TIMESTAMPTZ AS free_at, node || i AS request_id, 't' AS tenant_id,
+                  10 AS prompt_tokens, 0 AS completion_tokens, 'engine_legs' AS source_table,
+                  true AS client_record
+           FROM (VALUES ('c', 0, 9), ('a', 1, 2), ('b', NULL, 4), ('a', 0, 3), ('e', 0, 1))
+                v(node, dp_rank, n), range(n) r(i)"""
     )
     ranks = [("a", 0), ("a", 1), ("b", None), ("d", 0), ("c", 0)]
-    # Runs of at most 5 rows; a rank larger than that goes alone; one with no rows costs none.
-    assert _rank_chunks(con, ranks, rows=5) == [
+    spans = _sort_replayed(con, ranks)
+    # One sorted copy: ranks in table order, each rank's rows together; a rank with no rows
+    # (d) or not asked for (e) has no span.
+    assert spans == [
+        _RankSpan(("a", 0), 0, 3),
+        _RankSpan(("a", 1), 3, 2),
+        _RankSpan(("b", None), 5, 4),
+        _RankSpan(("c", 0), 9, 9),
+    ]
+    # Within a rank, allocation order (the rows were written latest first).
+    assert con.execute(
+        "SELECT request_id FROM replay_sorted WHERE node = 'a' AND dp_rank = 0 ORDER BY rowid"
+    ).fetchall() == [("a2",), ("a1",), ("a0",)]
+    # Runs of at most 5 rows; a rank larger than that goes alone.
+    assert [[s.key for s in run] for run in _rank_chunks(spans, rows=5)] == [
         [("a", 0), ("a", 1)],
-        [("b", None), ("d", 0)],
+        [("b", None)],
         [("c", 0)],
     ]
-    assert _rank_chunks(con, ranks, rows=100) == [ranks]
-    assert _rank_chunks(con, [], rows=5) == []
+    assert _rank_chunks(spans, rows=100) == [spans]
+    assert _rank_chunks([], rows=5) == []
+    assert _sort_replayed(con, []) == []
 
 
 def test_replay_in_chunks_finds_what_one_pass_finds(tiny_case_dir, monkeypatch):
