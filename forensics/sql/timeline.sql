@@ -3,30 +3,32 @@
 -- a successful request with a decode node but no decode leg falls back to its client times.
 -- Legs with no client record belong to the engine request standing in for it (all_requests):
 -- they held pages too, though their tenant and generated tokens may be unknown.
+-- One join for both: every request with its decode legs that held pages, and a request with
+-- none falls back to its client record.
 CREATE OR REPLACE TEMP TABLE decode_timeline AS
-WITH legs AS (
-  SELECT l.client_request_id AS request_id, r.tenant_id, l.node,
-         coalesce(l.dp_rank, r.dp_rank) AS dp_rank,
-         l.started_at AS alloc_at,
-         coalesce(l.finished_at, r.completed_at,
-                  r.received_at + to_microseconds(CAST(r.e2e_ms * 1000 AS BIGINT))) AS free_at,
-         coalesce(l.reserved_tokens, r.prompt_tokens) AS prompt_tokens,
-         coalesce(r.completion_tokens, 0) AS completion_tokens,
-         'engine_legs' AS source_table, r.client_record, l.evidence_id, l.source_row
-  FROM matched_legs l JOIN all_requests r ON r.request_id = l.client_request_id
-  WHERE l.role IN ('decode', 'unified')
-    AND coalesce(l.reserved_tokens, r.prompt_tokens) > 0
-    AND l.error IS NULL
-),
-client_only AS (
-  SELECT r.request_id, r.tenant_id, r.decode_node AS node, r.dp_rank,
-         r.received_at AS alloc_at,
-         coalesce(r.completed_at,
-                  r.received_at + to_microseconds(CAST(r.e2e_ms * 1000 AS BIGINT))) AS free_at,
-         r.prompt_tokens, coalesce(r.completion_tokens, 0) AS completion_tokens,
-         'requests' AS source_table, true AS client_record, r.evidence_id, r.source_row
-  FROM requests r
-  WHERE r.decode_node IS NOT NULL AND r.http_status BETWEEN 200 AND 299
-    AND r.request_id NOT IN (SELECT request_id FROM legs)
+WITH decode_legs AS (
+  SELECT client_request_id, node, dp_rank, started_at, finished_at, reserved_tokens,
+         evidence_id, source_row
+  FROM matched_legs
+  WHERE role IN ('decode', 'unified') AND error IS NULL
 )
-SELECT * FROM legs UNION ALL SELECT * FROM client_only;
+SELECT r.request_id, r.tenant_id,
+       CASE WHEN l.client_request_id IS NULL THEN r.decode_node ELSE l.node END AS node,
+       coalesce(l.dp_rank, r.dp_rank) AS dp_rank,
+       CASE WHEN l.client_request_id IS NULL THEN r.received_at ELSE l.started_at END AS alloc_at,
+       coalesce(l.finished_at, r.completed_at,
+                r.received_at + to_microseconds(CAST(r.e2e_ms * 1000 AS BIGINT))) AS free_at,
+       coalesce(l.reserved_tokens, r.prompt_tokens) AS prompt_tokens,
+       coalesce(r.completion_tokens, 0) AS completion_tokens,
+       CASE WHEN l.client_request_id IS NULL THEN 'requests' ELSE 'engine_legs' END
+         AS source_table,
+       r.client_record,
+       CASE WHEN l.client_request_id IS NULL THEN r.evidence_id ELSE l.evidence_id END
+         AS evidence_id,
+       CASE WHEN l.client_request_id IS NULL THEN r.source_row ELSE l.source_row END
+         AS source_row
+FROM all_requests r
+LEFT JOIN decode_legs l
+  ON l.client_request_id = r.request_id AND coalesce(l.reserved_tokens, r.prompt_tokens) > 0
+WHERE l.client_request_id IS NOT NULL
+   OR (r.client_record AND r.decode_node IS NOT NULL AND r.http_status BETWEEN 200 AND 299);
