@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from datetime import UTC, datetime, timedelta
+from importlib.resources import files
 
 from forensics.case import load_case
 from forensics.db import connect, insert_rows
@@ -137,3 +138,69 @@ def test_silences_are_the_ones_a_row_by_row_reading_finds(tmp_path):
     ).fetchall()
     assert len(row_by_row) > 20
     assert found == row_by_row
+
+
+def test_decode_timeline_takes_decode_legs_else_the_client_record(tmp_path):
+    case, con = _case(tmp_path)
+
+    def req(rid, decode_node="d0", status=200, **kw):
+        return {
+            **_req(rid, None),
+            "decode_node": decode_node,
+            "http_status": status,
+            "e2e_ms": 2000.0,
+            "dp_rank": 1,
+            **kw,
+        }
+
+    def decode(rid, second, **kw):
+        return {
+            **_leg(rid, "decode", None, second),
+            "finished_at": f"2026-08-28T10:01:{second:02d}Z",
+            "reserved_tokens": 900,
+            "dp_rank": 0,
+            **kw,
+        }
+
+    insert_rows(
+        con,
+        "requests",
+        [
+            req("leg"),  # its decode leg
+            req("none"),  # no leg: the client record's times
+            req("empty", prompt_tokens=0),  # a leg that reserved nothing: the client record
+            req("failed", status=500),  # its only decode leg failed, and so did the request
+            req("twice"),  # a retried decode: both legs held pages
+            req("unified"),
+            req("nowhere", decode_node=None),  # no decode node, no leg: nothing held
+        ],
+    )
+    insert_rows(
+        con,
+        "engine_legs",
+        [
+            decode("leg", 1),
+            decode("empty", 2, reserved_tokens=0),
+            decode("failed", 3, error="KV transfer failed"),
+            decode("twice", 4),
+            decode("twice", 5, dp_rank=None),
+            {**decode("unified", 6), "role": "unified"},
+            decode("engine-only", 7),  # no client record: the engine request stands in
+        ],
+    )
+    prepare(con, case_parameters(case))
+    con.execute((files("forensics.sql") / "timeline.sql").read_text())
+    rows = con.execute(
+        """SELECT request_id, node, dp_rank, strftime(alloc_at, '%M:%S'),
+                  strftime(free_at, '%M:%S'), prompt_tokens, source_table, client_record
+           FROM decode_timeline ORDER BY ALL"""
+    ).fetchall()
+    assert rows == [
+        ("empty", "d0", 1, "00:00", "00:02", 0, "requests", True),
+        ("engine-only", "d0", 0, "00:07", "01:07", 900, "engine_legs", False),
+        ("leg", "d0", 0, "00:01", "01:01", 900, "engine_legs", True),
+        ("none", "d0", 1, "00:00", "00:02", 1000, "requests", True),
+        ("twice", "d0", 0, "00:04", "01:04", 900, "engine_legs", True),
+        ("twice", "d0", 1, "00:05", "01:05", 900, "engine_legs", True),
+        ("unified", "d0", 0, "00:06", "01:06", 900, "engine_legs", True),
+    ]
