@@ -34,9 +34,9 @@ CREATE OR REPLACE TEMP MACRO engine_key(bootstrap_room, request_id) AS
   coalesce('room:' || bootstrap_room, 'rid:' || request_id);
 
 -- Engine legs whose rid names no client request, by row id, each with the client request its
--- PD bootstrap room names (client_request_id NULL when none does). In PD logs nearly every
--- leg's rid names its request, so this set is small: matching goes through it and the legs
--- themselves are never copied.
+-- PD bootstrap room names (client_request_id NULL when none does). With a client log loaded
+-- nearly every leg's rid names its request, so this set is small: matching goes through it and
+-- the legs themselves are never copied (with none loaded it holds every leg, as it must).
 CREATE OR REPLACE TEMP MACRO unmatched_legs() AS TABLE
 WITH unmatched AS (
   SELECT l.rowid AS leg_row, l.request_id, l.bootstrap_room
