@@ -276,12 +276,21 @@ def attribute(
 
     # A rank with no timeline rows replays nothing.
     replays: dict[tuple[str, int | None], Any] = dict.fromkeys(replayed_ranks, (None, {}, None))
-    for chunk in _rank_chunks(_sort_replayed(con, list(replayed_ranks))):
-        # One chunk's streams at a time: memory follows the chunk, not the incident.
-        streams = _ReplayStreams(con, chunk)
-        replays.update(streams.replay_all({s.key: replayed_ranks[s.key] for s in chunk}, replaying))
-        del streams
-    con.execute("DROP TABLE IF EXISTS replay_sorted")
+    # An engine that schedules the replay itself (Spark: one task per rank) runs the same
+    # replay (rank_arrays, replay_rank, rank_exposures) where the ranks' rows are.
+    replay_elsewhere = getattr(con, "replay_ranks", None)
+    if replay_elsewhere is not None:
+        for key in replayed_ranks:
+            replaying(key)
+        replays.update(replay_elsewhere(replayed_ranks))
+    else:
+        for chunk in _rank_chunks(_sort_replayed(con, list(replayed_ranks))):
+            # One chunk's streams at a time: memory follows the chunk, not the incident.
+            streams = _ReplayStreams(con, chunk)
+            chunk_ranks = {s.key: replayed_ranks[s.key] for s in chunk}
+            replays.update(streams.replay_all(chunk_ranks, replaying))
+            del streams
+        con.execute("DROP TABLE IF EXISTS replay_sorted")
     for done, ((node, rank), members) in enumerate(ordered):
         method, why = methods[(node, rank)]
         if progress and method != "allocator_replay":
@@ -489,6 +498,26 @@ _TIMELINE_COLUMNS = """request_id, tenant_id, prompt_tokens, completion_tokens, 
                        free_at, client_record"""
 
 
+# Every replayed rank's events, from ``replay_timelines`` (the ranks' timeline rows, each with
+# its place ``idx`` in its rank's allocation order) and the decode pools' changes. In engine
+# order within a rank: ``us, kind, rid NULLS FIRST`` (a pool start, then frees, then
+# allocations at one instant). Both schedulers of the replay read it.
+REPLAY_EVENTS_SQL = """
+WITH ranks AS (SELECT DISTINCT node, dp_rank FROM replay_timelines)
+SELECT node, dp_rank, us, rid, kind::TINYINT AS kind, coalesce(idx, 0) AS idx,
+       coalesce(pool_tokens, 0) AS pool_tokens, coalesce(page_size, 1) AS page_size
+FROM (
+  SELECT r.node, r.dp_rank, epoch_us(l.observed_at) AS us, 0 AS kind,
+         NULL::VARCHAR AS rid, NULL::BIGINT AS idx, l.pool_tokens, l.page_size
+  FROM decode_limits l JOIN ranks r ON r.node = l.node
+  UNION ALL
+  SELECT node, dp_rank, epoch_us(alloc_at), 2, request_id, idx, NULL, NULL
+  FROM replay_timelines
+  UNION ALL
+  SELECT node, dp_rank, epoch_us(free_at), 1, request_id, idx, NULL, NULL
+  FROM replay_timelines WHERE free_at IS NOT NULL)"""
+
+
 class _ReplayStreams:
     """The timelines and events of every rank replayed from its timeline, in two queries for
     all the ranks (node, then rank), held as Arrow tables: each rank's rows are selected once,
@@ -527,20 +556,7 @@ class _ReplayStreams:
                 FROM replay_timelines {order}, idx"""
         ).to_arrow_table()
         self._events = con.sql(
-            f"""WITH ranks AS (SELECT DISTINCT node, dp_rank FROM replay_timelines)
-                SELECT kind::TINYINT AS kind, coalesce(idx, 0) AS idx,
-                       coalesce(pool_tokens, 0) AS pool_tokens,
-                       coalesce(page_size, 1) AS page_size
-                FROM (
-                  SELECT r.node, r.dp_rank, epoch_us(l.observed_at) AS us, 0 AS kind,
-                         NULL::VARCHAR AS rid, NULL::BIGINT AS idx, l.pool_tokens, l.page_size
-                  FROM decode_limits l JOIN ranks r ON r.node = l.node
-                  UNION ALL
-                  SELECT node, dp_rank, epoch_us(alloc_at), 2, request_id, idx, NULL, NULL
-                  FROM replay_timelines
-                  UNION ALL
-                  SELECT node, dp_rank, epoch_us(free_at), 1, request_id, idx, NULL, NULL
-                  FROM replay_timelines WHERE free_at IS NOT NULL)
+            f"""SELECT kind, idx, pool_tokens, page_size FROM ({REPLAY_EVENTS_SQL})
                 {order}, us, kind, rid NULLS FIRST"""
         ).to_arrow_table()
         # Where each rank's rows sit in the two tables (same order as the queries).
@@ -580,89 +596,98 @@ class _ReplayStreams:
         return {key: out.get(key, (None, {}, None)) for key in ranks}
 
     def _arrays(self, key: tuple[str, int | None], victims: dict[str, Victim]) -> tuple:
-        """One rank's events and timeline as :func:`forensics.replay.replay_rank` takes them."""
-        import numpy as np
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
         t_at, t_n, e_at, e_n = self._at[key]
-        timeline = self._timeline.slice(t_at, t_n)
-        events = self._events.slice(e_at, e_n)
-
-        def column(table, name, dtype):
-            array = table.column(name).combine_chunks()
-            return array.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
-
-        is_victim = pc.is_in(timeline.column("request_id"), value_set=pa.array(list(victims)))
-        return (
-            column(events, "kind", np.int8),
-            column(events, "idx", np.int64),
-            column(events, "pool_tokens", np.int64),
-            column(events, "page_size", np.int64),
-            column(timeline, "prompt_tokens", np.int64),
-            column(timeline, "completion_tokens", np.int64),
-            pc.fill_null(timeline.column("client_record"), False)
-            .combine_chunks()
-            .to_numpy(zero_copy_only=False),
-            pc.fill_null(is_victim, False).combine_chunks().to_numpy(zero_copy_only=False),
-        )
+        return rank_arrays(self._timeline.slice(t_at, t_n), self._events.slice(e_at, e_n), victims)
 
     def _exposures(
         self, key: tuple[str, int | None], victims: dict[str, Victim], found: RankReplay
     ) -> tuple[Any, dict[str, VictimStatus], str | None]:
-        """What one rank's replay found: its exposures as an Arrow table (the columns of
-        :class:`Exposure`), each victim's status, and the rank's drift warning."""
-        import numpy as np
-        import pyarrow as pa
-
         t_at, t_n, _, _ = self._at[key]
-        rows = self._timeline.slice(t_at, t_n).select(
-            ["request_id", "tenant_id", "source_table", "free_at"]
-        )
-        states = found.victims
-        statuses: dict[str, VictimStatus] = {}
-        # Per victim row: its request, tenant and the confidence of what it read.
-        recipient: dict[int, tuple[str, str | None, str]] = {}
-        for row, drifted, unknown in zip(
-            states["row"].tolist(),
-            states["drifted"].tolist(),
-            states["unknown_pages"].tolist(),
-            strict=True,
-        ):
-            rid, table = rows.column("request_id")[row].as_py(), rows["source_table"][row].as_py()
-            # A request with two allocations here keeps the status of its later one.
-            statuses[rid] = VictimStatus(drifted=drifted, unknown_pages=unknown)
-            recipient[row] = (
-                rid,
-                victims[rid].tenant_id,
-                _confidence("allocator_replay", table, drifted),
-            )
-        reads = found.reads
-        # Each read's victim, as a position among the few victims: their values are looked
-        # up once each, and every read takes them by position.
-        victim_rows = np.array(sorted(recipient), dtype=np.int64)
-        at = pa.array(np.searchsorted(victim_rows, reads["victim"]))
-        per_victim = [recipient[v] for v in victim_rows.tolist()]
+        return rank_exposures(self._timeline.slice(t_at, t_n), victims, found)
 
-        def victim_column(i: int):
-            return pa.array([v[i] for v in per_victim], pa.string()).take(at)
 
-        sources = rows.take(pa.array(reads["writer"]))
-        n = len(reads["victim"])
-        table = pa.table(
-            {
-                "recipient_request_id": victim_column(0),
-                "recipient_tenant_id": victim_column(1),
-                "source_request_id": sources.column("request_id"),
-                "source_tenant_id": sources.column("tenant_id"),
-                "method": pa.array(["allocator_replay"] * n, pa.string()),
-                "tokens": pa.array(reads["tokens"], pa.int64()),
-                "confidence": victim_column(2),
-                "rank": pa.nulls(n, pa.int32()),
-                "source_released_at": sources.column("free_at"),
-            }
+def rank_arrays(timeline: Any, events: Any, victims: dict[str, Victim]) -> tuple:
+    """One rank's events and timeline (Arrow tables, in replay order: the timeline by
+    allocation, row ``idx`` of the events naming timeline row ``idx``) as
+    :func:`forensics.replay.replay_rank` takes them. Whoever schedules the replay (this
+    process, its workers, a Spark task) builds them here."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def column(table, name, dtype):
+        array = table.column(name).combine_chunks()
+        return array.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+
+    is_victim = pc.is_in(timeline.column("request_id"), value_set=pa.array(list(victims)))
+    return (
+        column(events, "kind", np.int8),
+        column(events, "idx", np.int64),
+        column(events, "pool_tokens", np.int64),
+        column(events, "page_size", np.int64),
+        column(timeline, "prompt_tokens", np.int64),
+        column(timeline, "completion_tokens", np.int64),
+        pc.fill_null(timeline.column("client_record"), False)
+        .combine_chunks()
+        .to_numpy(zero_copy_only=False),
+        pc.fill_null(is_victim, False).combine_chunks().to_numpy(zero_copy_only=False),
+    )
+
+
+def rank_exposures(
+    rows: Any, victims: dict[str, Victim], found: RankReplay
+) -> tuple[Any, dict[str, VictimStatus], str | None]:
+    """What one rank's replay found: its exposures as an Arrow table (the columns of
+    :class:`Exposure`), each victim's status, and the rank's drift warning. ``rows`` is the
+    rank's timeline as :func:`rank_arrays` took it."""
+    import numpy as np
+    import pyarrow as pa
+
+    rows = rows.select(["request_id", "tenant_id", "source_table", "free_at"])
+    states = found.victims
+    statuses: dict[str, VictimStatus] = {}
+    # Per victim row: its request, tenant and the confidence of what it read.
+    recipient: dict[int, tuple[str, str | None, str]] = {}
+    for row, drifted, unknown in zip(
+        states["row"].tolist(),
+        states["drifted"].tolist(),
+        states["unknown_pages"].tolist(),
+        strict=True,
+    ):
+        rid, table = rows.column("request_id")[row].as_py(), rows["source_table"][row].as_py()
+        # A request with two allocations here keeps the status of its later one.
+        statuses[rid] = VictimStatus(drifted=drifted, unknown_pages=unknown)
+        recipient[row] = (
+            rid,
+            victims[rid].tenant_id,
+            _confidence("allocator_replay", table, drifted),
         )
-        return table, statuses, _drift_warning(found.shortfalls, found.guesses)
+    reads = found.reads
+    # Each read's victim, as a position among the few victims: their values are looked
+    # up once each, and every read takes them by position.
+    victim_rows = np.array(sorted(recipient), dtype=np.int64)
+    at = pa.array(np.searchsorted(victim_rows, reads["victim"]))
+    per_victim = [recipient[v] for v in victim_rows.tolist()]
+
+    def victim_column(i: int):
+        return pa.array([v[i] for v in per_victim], pa.string()).take(at)
+
+    sources = rows.take(pa.array(reads["writer"]))
+    n = len(reads["victim"])
+    table = pa.table(
+        {
+            "recipient_request_id": victim_column(0),
+            "recipient_tenant_id": victim_column(1),
+            "source_request_id": sources.column("request_id"),
+            "source_tenant_id": sources.column("tenant_id"),
+            "method": pa.array(["allocator_replay"] * n, pa.string()),
+            "tokens": pa.array(reads["tokens"], pa.int64()),
+            "confidence": victim_column(2),
+            "rank": pa.nulls(n, pa.int32()),
+            "source_released_at": sources.column("free_at"),
+        }
+    )
+    return table, statuses, _drift_warning(found.shortfalls, found.guesses)
 
 
 def _allocation_log(con, node: str, rank) -> tuple[list[TimelineRow], list[tuple]]:
@@ -826,6 +851,7 @@ def _exposure_table(rows: list[Exposure]):
 def _insert_exposures(con, exposure_rows) -> None:
     """Insert an Arrow table of exposures in bulk (row-by-row inserts cost seconds per
     thousand rows)."""
+    con.register("exposure_rows", exposure_rows)
     con.execute(
         """INSERT INTO findings_exposures
            SELECT recipient_request_id, recipient_tenant_id, source_request_id,
@@ -833,6 +859,7 @@ def _insert_exposures(con, exposure_rows) -> None:
                   source_released_at::TIMESTAMPTZ, NULL, NULL
            FROM exposure_rows"""
     )
+    con.unregister("exposure_rows")
 
 
 def _confidence(method: str, source_table: str, drifted: bool = False) -> str:
@@ -854,12 +881,14 @@ def _insert_statuses(con, rows: list[AttributionStatus]) -> None:
     import pyarrow as pa
 
     names = AttributionStatus._fields
-    status_rows = pa.table({n: [r[i] for r in rows] for i, n in enumerate(names)})  # noqa: F841
+    status_rows = pa.table({n: [r[i] for r in rows] for i, n in enumerate(names)})
+    con.register("status_rows", status_rows)
     con.execute(
         """INSERT INTO findings_attribution
            SELECT recipient_request_id, node, dp_rank::BIGINT, method, status,
                   unknown_pages::BIGINT, note FROM status_rows"""
     )
+    con.unregister("status_rows")
 
 
 def _temporal(con, victims: list[str], params: dict[str, Any], *, include_older: bool) -> None:

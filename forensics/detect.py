@@ -104,8 +104,16 @@ def bind(det: Detector, params: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_detector(con: duckdb.DuckDBPyConnection, det: Detector, params: dict[str, Any]):
-    """Run one detector; returns its result as a DuckDB relation-backed Arrow table."""
-    return con.sql(det.sql.rstrip().rstrip(";"), params=bind(det, params)).to_arrow_table()
+    """Run one detector; returns its result as an Arrow table.
+
+    On an engine that translates the SQL (Spark), a detector it cannot translate or run is
+    named in the error."""
+    from forensics.errors import ForensicsError
+
+    try:
+        return con.sql(det.sql.rstrip().rstrip(";"), params=bind(det, params)).to_arrow_table()
+    except ForensicsError as exc:
+        raise type(exc)(f"detector {det.id} ({det.path.name}): {exc}") from None
 
 
 @dataclass
@@ -139,14 +147,16 @@ def run_detectors(
     for ordinal, det in enumerate(detectors):
         if progress:
             progress(f"Detector {det.id}", ordinal, len(detectors))
-        result = run_detector(con, det, params)  # noqa: F841 - read by the SQL below
+        result = run_detector(con, det, params)
+        con.register("detector_result", result)
         con.execute(
-            """INSERT INTO findings_signals
-               SELECT request_id, $signal, $id, value, threshold, detail, evidence FROM result""",
+            """INSERT INTO findings_signals SELECT request_id, $signal, $id, value, threshold,
+                 detail, evidence FROM detector_result""",
             {"signal": det.signal, "id": det.id},
         )
         # Later stages (the latency fit) must not learn from what earlier ones flagged.
-        con.execute("INSERT INTO detect_flagged SELECT request_id FROM result")
+        con.execute("INSERT INTO detect_flagged SELECT request_id FROM detector_result")
+        con.unregister("detector_result")
         hits[det.id] = result.num_rows
         con.execute(
             "INSERT INTO findings_detectors VALUES ($id, $title, $sev, $desc, $params, $hits, $o)",
