@@ -81,6 +81,51 @@ MEMORY_OPT = typer.Option(
 )
 
 
+ENGINE_OPT = typer.Option(
+    None,
+    "--engine",
+    metavar="NAME",
+    help="Where detection runs: duckdb or spark (default: the manifest's [engine].name, "
+    "else duckdb).",
+)
+SPARK_MASTER_OPT = typer.Option(
+    None,
+    "--spark-master",
+    metavar="URL",
+    help="The Spark master, e.g. local[2] or spark://host:7077 (default: [engine].master, "
+    "else local[*]).",
+)
+SPARK_CONF_OPT = typer.Option(
+    None,
+    "--spark-conf",
+    metavar="KEY=VALUE",
+    help="A Spark setting (repeatable), over the manifest's [engine].conf.",
+)
+
+
+def with_engine(case: Any, engine: str | None, master: str | None, conf: list[str] | None):
+    """The case with the engine options of the command line over its manifest's."""
+    from dataclasses import replace
+
+    from forensics.case import ENGINES
+
+    if engine is None and master is None and not conf:
+        return case
+    name = engine or case.engine.name
+    if name not in ENGINES:
+        raise typer.BadParameter(f"must be one of {', '.join(ENGINES)}", param_hint="--engine")
+    settings = dict(case.engine.conf)
+    for item in conf or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip().startswith("spark."):
+            raise typer.BadParameter(
+                f"{item!r}: give a Spark setting as spark.key=value", param_hint="--spark-conf"
+            )
+        settings[key.strip()] = value.strip()
+    chosen = replace(case.engine, name=name, master=master or case.engine.master, conf=settings)
+    return replace(case, engine=chosen)
+
+
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn library errors into one red line and exit code 1 (``--debug`` re-raises)."""
 

@@ -124,6 +124,38 @@ class Detection:
     overrides: dict[str, Any] = field(default_factory=dict)
 
 
+ENGINES = ("duckdb", "spark")
+
+
+@dataclass(frozen=True)
+class Engine:
+    """Where detection runs (the manifest's ``[engine]``): DuckDB in this process, or Spark.
+
+    Attributes:
+        name: ``duckdb`` (the default and the reference) or ``spark``.
+        master: the Spark master (``local[2]``, ``spark://host:7077``, ``yarn``, ``k8s://...``).
+        conf: Spark settings, each ``spark.*`` key with its value as text.
+        staging: where the evidence tables are written as Parquet for Spark to read: a folder
+            every executor can read (default: ``<database>.spark/`` beside the database).
+    """
+
+    name: str = "duckdb"
+    master: str = "local[*]"
+    conf: dict[str, str] = field(default_factory=dict)
+    staging: str | None = None
+
+
+def conf_value(value: Any) -> str:
+    """A Spark setting's value as Spark reads it.
+
+    >>> conf_value(True), conf_value(8), conf_value("4g")
+    ('true', '8', '4g')
+    """
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
 @dataclass(frozen=True)
 class Case:
     path: Path
@@ -142,6 +174,7 @@ class Case:
     timeline: tuple[TimelineEvent, ...]
     # DuckDB's memory cap for this case ("1GB"); None leaves db.DEFAULT_MEMORY_LIMIT.
     memory_limit: str | None = None
+    engine: Engine = field(default_factory=Engine)
 
     @property
     def folder(self) -> Path:
@@ -248,7 +281,9 @@ def load_case(path: str | Path) -> Case:
         raise ManifestError(f"{path.name}: not valid TOML: {exc}") from None
 
     top = _Reader(path, "case", raw)
-    top.check_keys({"incident", "database", "evidence", "detection", "exclusion", "timeline"})
+    top.check_keys(
+        {"incident", "database", "engine", "evidence", "detection", "exclusion", "timeline"}
+    )
 
     inc = _Reader(path, "[incident]", raw.get("incident", None))
     inc.check_keys({"id", "title", "model", "start", "end", "context_length", "timezone", "as_of"})
@@ -274,6 +309,7 @@ def load_case(path: str | Path) -> Case:
         except ValueError as exc:
             db.fail("memory_limit", str(exc))
 
+    engine = _engine(path, raw.get("engine", {}))
     evidence = tuple(_evidence(path, i, item, tz) for i, item in enumerate(_array(top, "evidence")))
     detection = _detection(path, raw.get("detection", {}))
     exclusions = tuple(
@@ -313,6 +349,27 @@ def load_case(path: str | Path) -> Case:
         exclusions=exclusions,
         timeline=tuple(sorted(timeline, key=lambda t: t.at)),
         memory_limit=memory_limit,
+        engine=engine,
+    )
+
+
+def _engine(path: Path, table: Any) -> Engine:
+    r = _Reader(path, "[engine]", table)
+    r.check_keys({"name", "master", "conf", "staging"})
+    name = r.get("name", str, "duckdb")
+    if name not in ENGINES:
+        r.fail("name", f"must be one of {', '.join(ENGINES)}, got {name!r}")
+    conf = r.get("conf", dict, {})
+    for key, value in conf.items():
+        if not key.startswith("spark."):
+            r.fail(f"conf.{key}", "is not a Spark setting (those start with spark.)")
+        if not isinstance(value, str | int | float | bool):
+            r.fail(f"conf.{key}", f"must be a string, number or boolean, got {value!r}")
+    return Engine(
+        name=name,
+        master=r.get("master", str, Engine.master),
+        conf={key: conf_value(value) for key, value in conf.items()},
+        staging=r.get("staging", str),
     )
 
 

@@ -54,7 +54,12 @@ def detect_and_scope(
     from forensics.scope import scope_case
 
     with transaction(con):
-        detected = detect_case(con, case, progress=progress)
+        if case.engine.name == "spark":
+            from forensics.spark import detect_on_spark
+
+            detected = detect_on_spark(con, case, progress=progress)
+        else:
+            detected = detect_case(con, case, progress=progress)
         if progress:
             progress("Scoping notifications", 0, 0)
         scope = scope_case(con, case)

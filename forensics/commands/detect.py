@@ -7,7 +7,16 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from forensics.app import CASE_ARG, MEMORY_OPT, app, handle_errors
+from forensics.app import (
+    CASE_ARG,
+    ENGINE_OPT,
+    MEMORY_OPT,
+    SPARK_CONF_OPT,
+    SPARK_MASTER_OPT,
+    app,
+    handle_errors,
+    with_engine,
+)
 from forensics.verdicts import NOTIFIED_VERDICTS
 
 if TYPE_CHECKING:
@@ -18,7 +27,13 @@ if TYPE_CHECKING:
 
 @app.command()
 @handle_errors
-def detect(case_path: Path = CASE_ARG, memory_limit: str | None = MEMORY_OPT) -> None:
+def detect(
+    case_path: Path = CASE_ARG,
+    memory_limit: str | None = MEMORY_OPT,
+    engine: str | None = ENGINE_OPT,
+    spark_master: str | None = SPARK_MASTER_OPT,
+    spark_conf: list[str] | None = SPARK_CONF_OPT,
+) -> None:
     """Run every detector and write the findings tables."""
     from forensics.db import open_case
     from forensics.pipeline import detect_and_scope
@@ -26,6 +41,7 @@ def detect(case_path: Path = CASE_ARG, memory_limit: str | None = MEMORY_OPT) ->
 
     case, con = open_case(case_path, memory_limit)
     try:
+        case = with_engine(case, engine, spark_master, spark_conf)
         with Steps(make_console(stderr=True)) as steps:
             summary, _ = detect_and_scope(con, case, progress=steps.step)
     finally:

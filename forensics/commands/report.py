@@ -8,7 +8,17 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from forensics.app import CASE_ARG, MEMORY_OPT, app, error, handle_errors
+from forensics.app import (
+    CASE_ARG,
+    ENGINE_OPT,
+    MEMORY_OPT,
+    SPARK_CONF_OPT,
+    SPARK_MASTER_OPT,
+    app,
+    error,
+    handle_errors,
+    with_engine,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -218,6 +228,9 @@ def run(
     out: Path | None = OUT_OPT,
     as_of: str | None = AS_OF_OPT,
     memory_limit: str | None = MEMORY_OPT,
+    engine: str | None = ENGINE_OPT,
+    spark_master: str | None = SPARK_MASTER_OPT,
+    spark_conf: list[str] | None = SPARK_CONF_OPT,
 ):
     """Ingest, detect and report: the main job."""
     from dataclasses import replace
@@ -228,7 +241,7 @@ def run(
 
     when = _as_of(as_of)
     check_out(out)
-    case = load_case(case_path)
+    case = with_engine(load_case(case_path), engine, spark_master, spark_conf)
     if memory_limit is not None:
         case = replace(case, memory_limit=memory_limit)
     files = sum(len(entry.files()) for entry in case.evidence)
