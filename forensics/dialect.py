@@ -471,7 +471,7 @@ def _rowid(node: exp.Column, _aliases) -> exp.Expr:
 
 def _epoch_ms(node: exp.UnixToTime, _aliases) -> exp.Expr:
     """sqlglot reads epoch_ms(x) as a number to a timestamp; our SQL only takes the epoch of
-    a timestamp (DuckDB's other overload)."""
+    a timestamp (DuckDB's other overload), in whole milliseconds, rounded."""
     from sqlglot import exp
 
     scale = node.args.get("scale")
@@ -479,7 +479,17 @@ def _epoch_ms(node: exp.UnixToTime, _aliases) -> exp.Expr:
         isinstance(node.this, exp.Cast) and node.this.to.is_type(*exp.DataType.INTEGER_TYPES)
     )
     if isinstance(scale, exp.Literal) and scale.this == "3" and not number:
-        return exp.Anonymous(this="UNIX_MILLIS", expressions=[node.this])
+        # DuckDB rounds to the nearest millisecond (half away from zero); Spark's unix_millis
+        # truncates. Exact in decimal arithmetic.
+        micros = exp.cast(
+            exp.Anonymous(this="UNIX_MICROS", expressions=[node.this]),
+            exp.DataType.build("DECIMAL(20, 0)"),
+        )
+        millis = exp.Round(
+            this=exp.Div(this=micros, expression=exp.Literal.number(1000)),
+            decimals=exp.Literal.number(0),
+        )
+        return exp.cast(millis, exp.DataType.build("BIGINT"))
     raise UntranslatableSQL(f"{node.sql('duckdb')}: a number to a timestamp")
 
 
@@ -491,9 +501,14 @@ def _format(node: exp.Format, _aliases) -> exp.Expr:
     if fmt is None or "{:" in fmt:
         raise UntranslatableSQL("format() needs a literal pattern of plain {} holes")
     pattern = fmt.replace("%", "%%").replace("{}", "%s")
-    return exp.Anonymous(
+    text = exp.Anonymous(
         this="FORMAT_STRING", expressions=[exp.Literal.string(pattern), *node.expressions]
     )
+    if not node.expressions:
+        return text
+    # DuckDB's format is NULL when an argument is; Spark's writes "null" in its place.
+    any_null = exp.or_(*[exp.Is(this=a.copy(), expression=exp.Null()) for a in node.expressions])
+    return exp.If(this=any_null, true=exp.Null(), false=text)
 
 
 def _constant_text(node: exp.Expr) -> str | None:
@@ -595,6 +610,23 @@ def _time_bucket(node: exp.DateBin, _aliases) -> exp.Expr:
     return exp.Anonymous(this="TIMESTAMP_MICROS", expressions=[floored])
 
 
+def _divide(node: exp.Div, _aliases) -> exp.Expr:
+    """DuckDB's ``/`` by zero is IEEE (inf, -inf, nan); Spark's is NULL."""
+    import sqlglot
+    from sqlglot import exp
+
+    divisor = node.expression
+    if isinstance(divisor, exp.Literal) and not divisor.is_string and float(divisor.this) != 0:
+        return node
+    by_zero = sqlglot.parse_one(
+        "CASE WHEN __a > 0 THEN CAST('inf' AS DOUBLE) WHEN __a < 0 THEN CAST('-inf' AS DOUBLE)"
+        " WHEN __a = 0 THEN CAST('nan' AS DOUBLE) END",
+        read="spark",
+    ).transform(lambda n: node.this.copy() if isinstance(n, exp.Column) and n.name == "__a" else n)
+    is_zero = exp.EQ(this=divisor.copy(), expression=exp.Literal.number(0))
+    return exp.If(this=is_zero, true=by_zero, false=node.copy())
+
+
 def _rules():
     from sqlglot import exp
 
@@ -615,6 +647,7 @@ def _rules():
         (exp.Bracket, _subscript),
         (exp.Window, _row_number),
         (exp.DateBin, _time_bucket),
+        (exp.Div, _divide),
     ]
 
 

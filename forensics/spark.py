@@ -103,12 +103,13 @@ def detect_on_spark(
     # A session this process already runs (a notebook's, a test's) is used, and left running.
     ours = SparkSession.getActiveSession() is None
     session = start_session(engine.master, engine.conf)
+    staged: list[Path] = []
     try:
         ws = SparkWorkspace(session)
         install_macros(ws)  # type: ignore[arg-type]
         if progress:
             progress("Copying the evidence tables to Spark", 0, 0)
-        ws.load_case_tables(con, staging)
+        staged += ws.load_case_tables(con, staging)
         summary = detect_case(ws, case, progress=progress)  # type: ignore[arg-type]
         for ddl in FINDINGS_DDL.values():
             con.execute(ddl)
@@ -118,6 +119,11 @@ def detect_on_spark(
     finally:
         if ours:
             session.stop()
+        # The staged copy holds every customer's evidence: it does not outlive the run.
+        for path in staged:
+            path.unlink(missing_ok=True)
+        if staging.is_dir() and not any(staging.iterdir()):
+            staging.rmdir()
     return summary
 
 
@@ -245,17 +251,21 @@ class SparkWorkspace:
 
     # --- loading and copying back -----------------------------------------------------------
 
-    def load_case_tables(self, con: duckdb.DuckDBPyConnection, folder: Path) -> None:
+    def load_case_tables(self, con: duckdb.DuckDBPyConnection, folder: Path) -> list[Path]:
         """Copy the evidence tables of a case database into Spark (through Parquet in
-        ``folder``), each row with its DuckDB row id as ``__rowid``."""
+        ``folder``), each row with its DuckDB row id as ``__rowid``. Returns the files
+        written (the caller removes them when Spark is done)."""
         folder.mkdir(parents=True, exist_ok=True)
+        written = []
         for name in EVIDENCE_TABLES:
             path = folder / f"{name}.parquet"
             con.execute(
                 f"COPY (SELECT rowid AS {ROWID}, * FROM {name} ORDER BY rowid) "  # noqa: S608
                 f"TO '{path}' (FORMAT parquet)"
             )
+            written.append(path)
             self._replace(name, self.session.read.parquet(str(path)), materialise=False)
+        return written
 
     def copy_findings(self, con: duckdb.DuckDBPyConnection, names: list[str]) -> None:
         """Replace the case database's findings tables with the workspace's."""

@@ -62,15 +62,19 @@ from forensics.dialect import (  # noqa: E402
         ),
         ("SELECT NULL::BIGINT[]", "SELECT CAST(NULL AS ARRAY<BIGINT>)"),
         ("SELECT l.rowid FROM t l", "SELECT l.__rowid FROM t AS l"),
-        ("SELECT epoch_ms(t), epoch_us(t)", "SELECT UNIX_MILLIS(t), UNIX_MICROS(t)"),
+        (
+            "SELECT epoch_ms(t), epoch_us(t)",
+            "SELECT CAST(ROUND(CAST(UNIX_MICROS(t) AS DECIMAL(20, 0)) / 1000, 0) AS BIGINT),"
+            " UNIX_MICROS(t)",
+        ),
         ("SELECT t - to_microseconds(5)", "SELECT t - ((5) * INTERVAL '0.000001' SECOND)"),
         (
             "SELECT format('{} of {}%', a, b)",
-            "SELECT FORMAT_STRING('%s of %s%%', a, b)",
+            "SELECT IF(a IS NULL OR b IS NULL, NULL, FORMAT_STRING('%s of %s%%', a, b))",
         ),
         (
             "SELECT format('a {}' || ' b {}', x, y)",
-            "SELECT FORMAT_STRING('a %s b %s', x, y)",
+            "SELECT IF(x IS NULL OR y IS NULL, NULL, FORMAT_STRING('a %s b %s', x, y))",
         ),
         ("SELECT regexp_full_match(a, 'x+')", "SELECT a RLIKE '^(?:x+)$'"),
         ("SELECT len(list_distinct(l)), len(s)", "SELECT SIZE(ARRAY_DISTINCT(l)), LENGTH(s)"),
