@@ -81,10 +81,29 @@ MEMORY_OPT = typer.Option(
 )
 
 
+def check_engine(value: str | None) -> str | None:
+    """Validate ``--engine`` while parsing options (a usage error, exit 2)."""
+    from forensics.case import ENGINES
+
+    if value is not None and value not in ENGINES:
+        raise typer.BadParameter(f"must be one of {', '.join(ENGINES)}")
+    return value
+
+
+def check_spark_conf(values: list[str] | None) -> list[str] | None:
+    """Validate each ``--spark-conf KEY=VALUE`` while parsing options."""
+    for item in values or []:
+        key, sep, _ = item.partition("=")
+        if not sep or not key.strip().startswith("spark."):
+            raise typer.BadParameter(f"{item!r}: give a Spark setting as spark.key=value")
+    return values
+
+
 ENGINE_OPT = typer.Option(
     None,
     "--engine",
     metavar="NAME",
+    callback=check_engine,
     help="Where detection runs: duckdb or spark (default: the manifest's [engine].name, "
     "else duckdb).",
 )
@@ -99,6 +118,7 @@ SPARK_CONF_OPT = typer.Option(
     None,
     "--spark-conf",
     metavar="KEY=VALUE",
+    callback=check_spark_conf,
     help="A Spark setting (repeatable), over the manifest's [engine].conf.",
 )
 
@@ -107,20 +127,12 @@ def with_engine(case: Any, engine: str | None, master: str | None, conf: list[st
     """The case with the engine options of the command line over its manifest's."""
     from dataclasses import replace
 
-    from forensics.case import ENGINES
-
     if engine is None and master is None and not conf:
         return case
     name = engine or case.engine.name
-    if name not in ENGINES:
-        raise typer.BadParameter(f"must be one of {', '.join(ENGINES)}", param_hint="--engine")
     settings = dict(case.engine.conf)
-    for item in conf or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip().startswith("spark."):
-            raise typer.BadParameter(
-                f"{item!r}: give a Spark setting as spark.key=value", param_hint="--spark-conf"
-            )
+    for item in conf or []:  # checked while parsing (check_spark_conf)
+        key, _, value = item.partition("=")
         settings[key.strip()] = value.strip()
     chosen = replace(case.engine, name=name, master=master or case.engine.master, conf=settings)
     return replace(case, engine=chosen)

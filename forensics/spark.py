@@ -104,19 +104,22 @@ def detect_on_spark(
     ours = SparkSession.getActiveSession() is None
     session = start_session(engine.master, engine.conf)
     staged: list[Path] = []
+    watch = StageWatch(session, progress) if progress else None
     try:
         ws = SparkWorkspace(session)
         install_macros(ws)  # type: ignore[arg-type]
-        if progress:
-            progress("Copying the evidence tables to Spark", 0, 0)
+        if watch:
+            watch.step("Copying the evidence tables to Spark", 0, 0)
         staged += ws.load_case_tables(con, staging)
-        summary = detect_case(ws, case, progress=progress)  # type: ignore[arg-type]
+        summary = detect_case(ws, case, progress=watch.step if watch else None)  # type: ignore[arg-type]
         for ddl in FINDINGS_DDL.values():
             con.execute(ddl)
         for table in SCOPE_DDL:
             con.execute(f"DROP TABLE IF EXISTS {table}")
         ws.copy_findings(con, list(FINDINGS_DDL))
     finally:
+        if watch:
+            watch.stop()
         if ours:
             session.stop()
         # The staged copy holds every customer's evidence: it does not outlive the run.
@@ -125,6 +128,56 @@ def detect_on_spark(
         if staging.is_dir() and not any(staging.iterdir()):
             staging.rmdir()
     return summary
+
+
+class StageWatch:
+    """Progress that also names the Spark stage running under the current step.
+
+    Detection tells :meth:`step` what it starts, as it tells any progress callback; a Spark
+    action then blocks that thread, so a second one looks at Spark's status tracker every
+    ``every`` seconds and adds the active stage and its tasks to the line.
+    """
+
+    def __init__(self, session: SparkSession, progress: StepProgress, every: float = 0.5):
+        import threading
+
+        self._tracker = session.sparkContext.statusTracker()
+        self._progress = progress
+        self._lock = threading.Lock()
+        self._what, self._done, self._total = "Spark", 0, 0
+        self._stopped = threading.Event()
+        self._every = every
+        self._thread = threading.Thread(target=self._watch, name="spark-stages", daemon=True)
+        self._thread.start()
+
+    def step(self, what: str, done: int, total: int) -> None:
+        with self._lock:
+            self._what, self._done, self._total = what, done, total
+            self._progress(what, done, total)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=5)
+
+    def _watch(self) -> None:
+        shown = None
+        while not self._stopped.wait(self._every):
+            try:
+                infos = [self._tracker.getStageInfo(i) for i in self._tracker.getActiveStageIds()]
+            except Exception:  # noqa: BLE001 - the session is stopping: nothing to show
+                return
+            stages = [s for s in infos if s is not None]
+            if not stages:
+                continue
+            stage = max(stages, key=lambda s: s.stageId)
+            line = (
+                f"{self._what} (Spark stage {stage.stageId}: "
+                f"{stage.numCompletedTasks}/{stage.numTasks} tasks)"
+            )
+            if line != shown:
+                with self._lock:
+                    self._progress(line, self._done, self._total)
+                shown = line
 
 
 def start_session(master: str, conf: dict[str, str] | None = None) -> SparkSession:

@@ -208,3 +208,19 @@ def test_a_failed_statement_names_it_in_one_line(workspace):
     message = str(err.value)
     assert "UNRESOLVED_COLUMN" in message and "(in: SELECT no_such_column FROM probe)" in message
     assert "\n" not in message
+
+
+def test_progress_names_the_spark_stage_running(spark):
+    """A Spark action blocks its thread; the line still says which stage runs and how far."""
+    from forensics.spark import StageWatch
+
+    lines: list[str] = []
+    watch = StageWatch(spark, lambda what, done, total: lines.append(what), every=0.1)
+    watch.step("Detector over_pool", 0, 5)
+    spark.range(0, 300_000_000, numPartitions=16).selectExpr("sum(id % 7)").collect()
+    watch.stop()
+    assert lines[0] == "Detector over_pool"
+    assert any(
+        line.startswith("Detector over_pool (Spark stage ") and " tasks)" in line
+        for line in lines[1:]
+    ), lines

@@ -1,0 +1,119 @@
+"""Choosing where detection runs: the manifest's [engine], the command-line options over it,
+and each wrong value as one line naming it. (Spark itself: tests/test_spark.py.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from forensics.case import Engine, load_case
+from forensics.cli import app
+from forensics.errors import ManifestError
+
+MINIMAL = """\
+[incident]
+id = "INC-1"
+
+[[evidence]]
+kind = "requests"
+paths = ["evidence/requests-*.jsonl"]
+"""
+
+
+def _case(tmp_path: Path, engine: str) -> Path:
+    path = tmp_path / "case.toml"
+    path.write_text(MINIMAL + engine)
+    return path
+
+
+def test_duckdb_unless_the_manifest_says_otherwise(tmp_path):
+    assert load_case(_case(tmp_path, "")).engine == Engine()
+    case = load_case(
+        _case(
+            tmp_path,
+            """
+[engine]
+name = "spark"
+master = "spark://head:7077"
+staging = "/mnt/shared/inc-1"
+
+[engine.conf]
+"spark.executor.memory" = "8g"
+"spark.executor.instances" = 16
+"spark.dynamicAllocation.enabled" = false
+""",
+        )
+    )
+    assert case.engine == Engine(
+        name="spark",
+        master="spark://head:7077",
+        conf={
+            "spark.executor.memory": "8g",
+            "spark.executor.instances": "16",
+            "spark.dynamicAllocation.enabled": "false",
+        },
+        staging="/mnt/shared/inc-1",
+    )
+
+
+@pytest.mark.parametrize(
+    ("engine", "message"),
+    [
+        ('[engine]\nname = "flink"\n', "[engine].name: must be one of duckdb, spark, got 'flink'"),
+        ("[engine]\nmaster = 7\n", "[engine].master: must be a string, got 7"),
+        ("[engine]\nnodes = 4\n", "[engine].nodes: unknown key (expected one of: conf, master"),
+        (
+            '[engine.conf]\n"executor.memory" = "8g"\n',
+            "[engine].conf.executor.memory: is not a Spark setting (those start with spark.)",
+        ),
+        (
+            '[engine.conf]\n"spark.jars" = ["a.jar"]\n',
+            "[engine].conf.spark.jars: must be a string, number or boolean, got ['a.jar']",
+        ),
+    ],
+)
+def test_a_wrong_engine_setting_names_the_key(tmp_path, engine, message):
+    with pytest.raises(ManifestError) as err:
+        load_case(_case(tmp_path, engine))
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--engine", "flink"], "Invalid value for '--engine': must be one of duckdb, spark"),
+        (
+            ["--engine", "spark", "--spark-conf", "executor.memory=8g"],
+            "'executor.memory=8g': give a Spark setting as spark.key=value",
+        ),
+        (["--spark-conf", "spark.executor.memory"], "give a Spark setting as spark.key=value"),
+    ],
+)
+def test_a_wrong_engine_option_is_a_usage_error(tiny_case_dir, options, message):
+    result = CliRunner().invoke(app, ["detect", str(tiny_case_dir), *options])
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split())
+
+
+def test_the_spark_engine_without_pyspark_says_what_to_install(tiny_case_dir, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "pyspark" else real(name, *a)
+    )
+    assert CliRunner().invoke(app, ["ingest", str(tiny_case_dir)]).exit_code in (0, 1)
+    result = CliRunner().invoke(app, ["detect", str(tiny_case_dir), "--engine", "spark"])
+    assert result.exit_code == 1
+    assert 'the Spark engine needs pyspark: pip install "kv-forensics[spark]"' in result.output
+
+
+def test_the_command_line_engine_overrides_the_manifest(tmp_path):
+    from forensics.app import with_engine
+
+    case = load_case(_case(tmp_path, '[engine]\nname = "spark"\n[engine.conf]\n"spark.a" = 1\n'))
+    chosen = with_engine(case, "duckdb", "local[2]", ["spark.b = x", "spark.a=2"])
+    assert chosen.engine == Engine("duckdb", "local[2]", {"spark.a": "2", "spark.b": "x"})
+    assert with_engine(case, None, None, None) is case
