@@ -29,12 +29,12 @@ lint: $(BIN)/forensics
 # to benchmarks/results/latest.json. Hours on a 2-core machine at full size.
 SIZES ?= 1M,2M,4M,8M,16M
 bench: $(BIN)/forensics
-	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/pip install --quiet -e '.[bench,spark]' || $(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python benchmarks/run.py --sizes $(SIZES)
 
 # The same harness at 200K requests (a few minutes): what tests/test_bench.py runs.
 bench-small: $(BIN)/forensics
-	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/pip install --quiet -e '.[bench,spark]' || $(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python benchmarks/run.py --small --out benchmarks/results/small.json
 
 bench-accuracy: $(BIN)/forensics

@@ -9,7 +9,11 @@ process with its peak resident memory:
 - the pandas peer (``references.py peer``) on the Parquet case;
 - ``forensics ingest``, ``detect`` and ``report`` one after the other on a fresh database, then
   ``forensics run`` on another fresh database (JSON Lines: ingest only unless
-  ``--jsonl-stages all``: the later stages read the same database whatever the input format).
+  ``--jsonl-stages all``: the later stages read the same database whatever the input format);
+- ``spark``: ``forensics detect --engine spark`` on Spark in local mode (``local[2]`` here),
+  after the DuckDB detection on the same database, when pyspark and a Java runtime are
+  installed. One machine is where Spark is slowest: the column shows that the same detection
+  runs on it, and what its fixed costs are, not what a cluster does.
 
 It prints one table and writes it with every measurement as JSON (``--out``, default
 ``benchmarks/results/latest.json``). A stage that fails, is killed or runs past ``--timeout``
@@ -21,7 +25,7 @@ harness works, exits 1 when a stage fails, and asserts nothing about time.
 Usage::
 
     python benchmarks/run.py [--sizes 1M,2M,4M,8M,16M] [--formats parquet,jsonl]
-        [--stages ingest,detect,report,run] [--jsonl-stages ingest|all]
+        [--stages ingest,detect,spark,report,run] [--jsonl-stages ingest|all]
         [--memory-limit 1GB] [--timeout 3600]
         [--cache DIR] [--out FILE] [--append] [--no-peer]
     python benchmarks/run.py --show [--out FILE]
@@ -49,7 +53,8 @@ import casegen  # noqa: E402
 
 LADDER = (1_000_000, 2_000_000, 4_000_000, 8_000_000, 16_000_000)
 SMALL = 200_000
-STAGES = ("ingest", "detect", "report", "run")
+STAGES = ("ingest", "detect", "spark", "report", "run")
+SPARK_MASTER = "local[2]"
 FORENSICS = Path(sys.executable).with_name("forensics")
 
 
@@ -181,20 +186,39 @@ def run_case(case: Path, fmt: str, stages: tuple[str, ...], args, peer: bool) ->
     fresh(case)
     # Each of ingest, detect and report needs the ones before it: the chain runs up to the
     # last one chosen.
-    chain = [s for s in ("ingest", "detect", "report") if s in stages]
-    chain = ("ingest", "detect", "report")[: len(chain) and 1 + STAGES.index(chain[-1])]
+    order = ("ingest", "detect", "spark", "report")
+    chain = [s for s in order if s in stages]
+    chain = list(order[: len(chain) and 1 + order.index(chain[-1])])
+    missing = spark_missing()
+    if "spark" in chain and (missing or "spark" not in stages):
+        if "spark" in stages:
+            print(f"  {fmt:7s} spark   skipped: {missing}", flush=True)
+        chain.remove("spark")
     ok = True
     for stage in chain:
         if ok:
-            ok = step(stage, [str(FORENSICS), stage, str(case)] + limit)
-            if stage == "detect" and ok:
-                row["found"] = counts(case / "case.duckdb")
+            engine = ["--engine", "spark", "--spark-master", SPARK_MASTER]
+            cmd = [str(FORENSICS), "detect" if stage == "spark" else stage, str(case)]
+            ok = step(stage, cmd + limit + (engine if stage == "spark" else []))
+            if stage in ("detect", "spark") and ok:
+                row["found" if stage == "detect" else "found_spark"] = counts(case / "case.duckdb")
     if "run" in stages:
         fresh(case)
         if step("run", [str(FORENSICS), "run", str(case)] + limit) and "found" not in row:
             row["found"] = counts(case / "case.duckdb")
     fresh(case)
     return row
+
+
+def spark_missing() -> str | None:
+    """Why the Spark stage cannot run here (None when it can)."""
+    import importlib.util
+
+    if importlib.util.find_spec("pyspark") is None:
+        return 'no pyspark (pip install -e ".[spark]")'
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        return "no Java runtime"
+    return None
 
 
 def growth(rows: list[dict]) -> None:
@@ -243,9 +267,9 @@ def table(rows: list[dict], peers: dict[int, dict]) -> str:
     """The one table: rows, time/peak RSS per stage, ratios, growth per doubling."""
     head = (
         f"{'requests':>9} {'format':7} {'rows':>6} {'floor':>11} {'peer':>11} "
-        f"{'ingest':>12} {'detect':>12} {'report':>12} {'run':>12} "
-        f"{'ingest/floor':>12} {'run/floor':>9} {'run/peer':>8} {'RSS/peer':>8}  "
-        "growth/doubling i d r run"
+        f"{'ingest':>12} {'detect':>12} {'spark':>12} {'report':>12} {'run':>12} "
+        f"{'ingest/floor':>12} {'run/floor':>9} {'run/peer':>8} {'RSS/peer':>8} "
+        f"{'spark/detect':>12}  growth/doubling i d s r run"
     )
     lines = [head]
     for row in rows:
@@ -266,14 +290,18 @@ def table(rows: list[dict], peers: dict[int, dict]) -> str:
         if ok and peer and peer["outcome"] == "ok":
             r_peer = ratio(run["seconds"], peer["seconds"])
             r_rss = ratio(run["peak_rss_mb"], peer["peak_rss_mb"])
+        detect, spark = s.get("detect"), s.get("spark")
+        s_detect = "-"
+        if detect and spark and detect["outcome"] == spark["outcome"] == "ok":
+            s_detect = ratio(spark["seconds"], detect["seconds"])
         g = row.get("growth_per_doubling", {})
         grow = " ".join(f"{g[k]:.2f}" if k in g else "-" for k in STAGES)
         lines.append(
             f"{label(row['requests']):>9} {row['format']:7} {row['input_rows'] / 1e6:5.1f}M "
             f"{_cell(floor_):>11} {_cell(s.get('peer')):>11} "
-            f"{_cell(s.get('ingest')):>12} {_cell(s.get('detect')):>12} "
+            f"{_cell(s.get('ingest')):>12} {_cell(detect):>12} {_cell(spark):>12} "
             f"{_cell(s.get('report')):>12} {_cell(run):>12} "
-            f"{i_floor:>12} {r_floor:>9} {r_peer:>8} {r_rss:>8}  {grow}"
+            f"{i_floor:>12} {r_floor:>9} {r_peer:>8} {r_rss:>8} {s_detect:>12}  {grow}"
         )
     return "\n".join(lines)
 
@@ -381,6 +409,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{label(row['requests'])} {row['format']}: {f['affected']:,} affected found "
                 f"({row['planted_affected']:,} planted), {f['exposures']:,} exposures"
             )
+            if "found_spark" in row:
+                same = "the same" if row["found_spark"] == f else "NOT the same"
+                print(f"  on Spark: {same} ({row['found_spark']})")
     print(f"written: {args.out}")
     failed = [
         (row["requests"], row["format"], name)

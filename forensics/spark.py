@@ -247,7 +247,7 @@ class SparkWorkspace:
             self._result = None
             df = self._run(statement, values)
             if df is not None:
-                table = df.toArrow()
+                table = _to_arrow(df, statement)
                 self._result = _Result(_rows(table), list(table.column_names))
         return self
 
@@ -260,7 +260,7 @@ class SparkWorkspace:
         df = self._run(sql, params)
         if df is None:
             raise SparkError(f"not a query: {_first_line(sql)}")
-        return _Relation(df)
+        return _Relation(df, sql)
 
     def fetchone(self) -> tuple | None:
         result = self._need_result()
@@ -323,7 +323,7 @@ class SparkWorkspace:
     def copy_findings(self, con: duckdb.DuckDBPyConnection, names: list[str]) -> None:
         """Replace the case database's findings tables with the workspace's."""
         for name in names:
-            table = self.session.table(name).toArrow()
+            table = _to_arrow(self.session.table(name), f"copying {name} back")
             con.register("__spark_findings", table)
             columns = ", ".join(f'"{c}"' for c in table.column_names)
             con.execute(f"DELETE FROM {name}")  # noqa: S608 - fixed names
@@ -508,18 +508,34 @@ class SparkWorkspace:
 class _Relation:
     """What ``SparkWorkspace.sql`` returns: a query result to take as Arrow or rows."""
 
-    def __init__(self, df: DataFrame):
-        self._df = df
+    def __init__(self, df: DataFrame, sql: str = ""):
+        self._df, self._sql = df, sql
 
     @property
     def dataframe(self) -> DataFrame:
         return self._df
 
     def to_arrow_table(self) -> pa.Table:
-        return self._df.toArrow()
+        return _to_arrow(self._df, self._sql)
 
     def fetchall(self) -> list[tuple]:
-        return _rows(self._df.toArrow())
+        return _rows(_to_arrow(self._df, self._sql))
+
+
+def _to_arrow(df: DataFrame, what: str) -> pa.Table:
+    """A result's rows, or the Spark job's failure as one line (its stage and cause)."""
+    try:
+        return df.toArrow()
+    except Exception as exc:
+        if type(exc).__name__ not in ("Py4JJavaError", "PythonException") and not _is_spark(exc):
+            raise
+        raise SparkError(f"{_error_line(exc)} (in: {_first_line(what)})") from None
+
+
+def _is_spark(exc: Exception) -> bool:
+    from pyspark.errors import PySparkException
+
+    return isinstance(exc, PySparkException)
 
 
 def _rows(table: pa.Table) -> list[tuple]:
@@ -627,9 +643,7 @@ def replay_ranks(
         .applyInPandas(replay, schema=_REPLAY_OUTPUT)
     )
     try:
-        table = found.toArrow()
-    except Exception as exc:  # a Python error in a task arrives wrapped by the JVM
-        raise SparkError(f"allocator replay failed: {_error_line(exc)}") from None
+        table = _to_arrow(found, "the allocator replay")
     finally:
         ws.unregister("replay_ranks")
         ws.unregister("replay_timelines")

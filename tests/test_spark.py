@@ -203,10 +203,11 @@ def test_a_spark_that_cannot_start_is_one_line(tiny_case_dir):
 def test_a_failed_statement_names_it_in_one_line(workspace):
     from forensics.spark import SparkError
 
+    workspace.execute("CREATE OR REPLACE TEMP TABLE known AS SELECT 1 AS n")
     with pytest.raises(SparkError) as err:
-        workspace.execute("SELECT no_such_column FROM probe")
+        workspace.execute("SELECT no_such_column FROM known")
     message = str(err.value)
-    assert "UNRESOLVED_COLUMN" in message and "(in: SELECT no_such_column FROM probe)" in message
+    assert "UNRESOLVED_COLUMN" in message and "(in: SELECT no_such_column FROM known)" in message
     assert "\n" not in message
 
 
@@ -224,3 +225,18 @@ def test_progress_names_the_spark_stage_running(spark):
         line.startswith("Detector over_pool (Spark stage ") and " tasks)" in line
         for line in lines[1:]
     ), lines
+
+
+def test_a_failed_task_is_one_line_naming_its_cause(spark):
+    """A Python error inside a Spark task (the replay runs there) reaches the user as the
+    exception it ended with, not a JVM trace."""
+    from pyspark.sql.functions import udf
+
+    from forensics.spark import SparkError, _to_arrow
+
+    broken = udf(lambda n: 1 / (n - n), "double")
+    with pytest.raises(SparkError) as err:
+        _to_arrow(spark.range(3).select(broken("id")), "the allocator replay")
+    message = str(err.value)
+    assert message.startswith("Python error in a Spark task: ZeroDivisionError")
+    assert message.endswith("(in: the allocator replay)") and "\n" not in message
