@@ -44,7 +44,8 @@ REQUIRED_CONF = {
     "spark.sql.join.asofJoin.enabled": "true",
     # DuckDB's to_json writes a NULL field as null; Spark leaves it out unless told.
     "spark.sql.jsonGenerator.ignoreNullFields": "false",
-    # DuckDB divides by zero to NULL; ANSI Spark raises.
+    # The rewrites of forensics.dialect (division by zero, list subscripts) are written, and
+    # checked against DuckDB, for Spark's non-ANSI evaluation.
     "spark.sql.ansi.enabled": "false",
 }
 DEFAULT_CONF = {
