@@ -94,7 +94,8 @@ def detect_on_spark(
     if importlib.util.find_spec("pyspark") is None:
         raise SparkError('the Spark engine needs pyspark: pip install "kv-forensics[spark]"')
     engine = case.engine
-    staging = Path(engine.staging) if engine.staging else case.database.with_suffix(".spark")
+    default = case.database.with_name(case.database.name + ".spark")
+    staging = Path(engine.staging) if engine.staging else default
     if not staging.is_absolute():
         staging = case.folder / staging
     if progress:

@@ -77,7 +77,7 @@ def test_spark_writes_the_outputs_duckdb_writes(spark, tmp_path, simulated):
         duck = (tmp_path / "duckdb" / name).read_bytes()
         assert (tmp_path / "spark" / name).read_bytes() == duck, name
     # The copy of the evidence Spark read does not outlive the run.
-    assert not (case / "case.spark").exists()
+    assert not (case / "case.duckdb.spark").exists()
 
 
 # Each construct the translation rewrites, on values where DuckDB and a naive translation
