@@ -438,7 +438,8 @@ def _date_diff(node: exp.DateDiff, _aliases) -> exp.Expr:
             return micros
         return exp.Floor(this=exp.Div(this=micros, expression=exp.Literal.number(per[unit])))
 
-    return exp.Sub(this=exp.Paren(this=units(node.this)), expression=units(node.expression))
+    # Parenthesised: the difference replaces one operand of whatever holds the call.
+    return exp.Paren(this=exp.Sub(this=units(node.this), expression=units(node.expression)))
 
 
 def _casts(node: exp.Cast, _aliases) -> exp.Expr:
@@ -611,10 +612,15 @@ def _time_bucket(node: exp.DateBin, _aliases) -> exp.Expr:
 
 
 def _divide(node: exp.Div, _aliases) -> exp.Expr:
-    """DuckDB's ``/`` by zero is IEEE (inf, -inf, nan); Spark's is NULL."""
+    """DuckDB's ``/`` is a division of doubles (of integers and decimals too), and by zero
+    IEEE (inf, -inf, nan); Spark's keeps decimals decimal and is NULL by zero."""
     import sqlglot
     from sqlglot import exp
 
+    node = exp.Div(
+        this=exp.cast(node.this.copy(), exp.DataType.build("DOUBLE")),
+        expression=node.expression.copy(),
+    )
     divisor = node.expression
     if isinstance(divisor, exp.Literal) and not divisor.is_string and float(divisor.this) != 0:
         return node

@@ -52,9 +52,14 @@ from forensics.dialect import (  # noqa: E402
         ),
         (
             "SELECT date_diff('millisecond', a, b)",
-            "SELECT (FLOOR(UNIX_MICROS(b) / 1000)) - FLOOR(UNIX_MICROS(a) / 1000)",
+            "SELECT (FLOOR(UNIX_MICROS(b) / 1000) - FLOOR(UNIX_MICROS(a) / 1000))",
         ),
-        ("SELECT date_diff('microsecond', a, b)", "SELECT (UNIX_MICROS(b)) - UNIX_MICROS(a)"),
+        ("SELECT date_diff('microsecond', a, b)", "SELECT (UNIX_MICROS(b) - UNIX_MICROS(a))"),
+        (
+            "SELECT date_diff('millisecond', a, b) / 1000.0",
+            "SELECT CAST((FLOOR(UNIX_MICROS(b) / 1000) - FLOOR(UNIX_MICROS(a) / 1000)) AS DOUBLE)"
+            " / 1000.0",
+        ),
         ("SELECT x::JSON", "SELECT CAST(x AS STRING)"),
         (
             "SELECT CAST(e AS STRUCT(a INTEGER)[])",
