@@ -6,8 +6,10 @@ another meaning is fixed on the syntax tree before Spark sees it:
 - named parameters (``$name``) become literals, so a statement is one self-contained string;
 - the shared rules (``CREATE MACRO``, scalar and table macros) are expanded in place;
 - an as-of join becomes Spark's ``ASOF JOIN ... MATCH_CONDITION``;
-- DuckDB functions whose Spark namesake means something else get their Spark equivalent
-  (``epoch_us`` of a timestamp, ``list(x ORDER BY y)``, ``format('{}')``, ``len`` of a list);
+- what DuckDB and Spark both accept but evaluate differently gets Spark's equivalent of
+  DuckDB's meaning (``list(x ORDER BY y)``, ``epoch_ms`` rounding, ``date_diff`` boundaries,
+  ``format`` with a NULL, ``/`` of decimals or by zero, 1-based subscripts...: one rule each,
+  listed in ``_rules()``);
 - DuckDB's ``rowid`` pseudo-column becomes the ``__rowid`` column the Spark tables carry.
 
 A statement using something this module does not know raises ``UntranslatableSQL`` naming the
@@ -199,7 +201,7 @@ def to_spark(
     >>> to_spark("SELECT * FROM a ASOF LEFT JOIN b ON a.n = b.n AND a.t >= b.t")
     'SELECT * FROM a LEFT ASOF JOIN b MATCH_CONDITION (a.t >= b.t) ON a.n = b.n'
     """
-    return spark_tree(sql, values, macros).sql(dialect=_spark_dialect())
+    return spark_tree(sql, values, macros).sql(dialect=spark_dialect())
 
 
 def spark_tree(
@@ -244,7 +246,7 @@ def _expand_stars(tree: exp.Expr, schema: dict[str, dict[str, str]]) -> exp.Expr
 
 
 @functools.cache
-def _spark_dialect():
+def spark_dialect():
     """sqlglot's Spark dialect, writing an as-of join the way Spark parses it (the side before
     ``ASOF``: ``LEFT ASOF JOIN``)."""
     from sqlglot.dialects.spark import Spark
@@ -276,8 +278,10 @@ def rewrite(tree: exp.Expr) -> exp.Expr:
 
     aliases = {t.alias_or_name.lower() for t in tree.find_all(exp.Table)}
 
+    rules = _rules()
+
     def swap(node: exp.Expr) -> exp.Expr:
-        for kind, rule in _RULES:
+        for kind, rule in rules:
             if isinstance(node, kind):
                 return rule(node, aliases)
         if isinstance(node, exp.Anonymous):
@@ -455,7 +459,7 @@ def _casts(node: exp.Cast, _aliases) -> exp.Expr:
     )
     if nested and not isinstance(node.this, exp.Null):
         # Our SQL casts JSON text to a nested type to parse it; Spark parses with from_json.
-        spark_type = node.to.sql(dialect=_spark_dialect())
+        spark_type = node.to.sql(dialect=spark_dialect())
         return exp.Anonymous(
             this="FROM_JSON", expressions=[node.this, exp.Literal.string(spark_type)]
         )
@@ -633,6 +637,7 @@ def _divide(node: exp.Div, _aliases) -> exp.Expr:
     return exp.If(this=is_zero, true=by_zero, false=node.copy())
 
 
+@functools.cache
 def _rules():
     from sqlglot import exp
 
@@ -655,14 +660,6 @@ def _rules():
         (exp.DateBin, _time_bucket),
         (exp.Div, _divide),
     ]
-
-
-class _LazyRules:
-    def __iter__(self):
-        return iter(_rules())
-
-
-_RULES = _LazyRules()
 
 
 def _list_position(node: exp.Anonymous) -> exp.Expr:

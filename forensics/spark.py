@@ -560,9 +560,9 @@ def _spark_type(kind) -> str:
 
 
 def _dialect():
-    from forensics.dialect import _spark_dialect
+    from forensics.dialect import spark_dialect
 
-    return _spark_dialect()
+    return spark_dialect()
 
 
 def _first_line(sql: str) -> str:
