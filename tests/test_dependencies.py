@@ -27,7 +27,8 @@ def test_simulate_without_polars_says_what_to_install(tmp_path, monkeypatch):
 def test_the_command_line_loads_without_the_heavy_libraries():
     code = (
         "import sys, forensics.cli\n"
-        "heavy = {'duckdb', 'polars', 'pyarrow', 'numpy', 'altair', 'jinja2'} & set(sys.modules)\n"
+        "heavy = {'duckdb', 'polars', 'pyarrow', 'numpy', 'altair', 'jinja2', 'sqlglot', 'pyspark'}"
+        " & set(sys.modules)\n"
         "print(sorted(heavy))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
