@@ -70,6 +70,11 @@ def _package_zip() -> Path:
     return target
 
 
+# Rows of parameters per statement when executemany inserts them: a statement of a thousand
+# rows is parsed and planned in well under a second.
+_ROWS_PER_INSERT = 1000
+
+
 class SparkError(ForensicsError):
     """A Spark job or statement failed: one line saying which statement and why."""
 
@@ -254,8 +259,23 @@ class SparkWorkspace:
         return self
 
     def executemany(self, sql: str, rows: list[list[Any]]) -> SparkWorkspace:
-        for row in rows:
-            self.execute(sql, list(row))
+        """Run a statement once per row of parameters. An ``INSERT ... VALUES`` of
+        parameters takes all the rows in one statement (one Spark job, not one per row)."""
+        import sqlglot
+        from sqlglot import exp
+
+        tree = sqlglot.parse_one(sql, read="duckdb")
+        values = tree.expression if isinstance(tree, exp.Insert) else None
+        if not rows or not isinstance(values, exp.Values) or len(values.expressions) != 1:
+            for row in rows:
+                self.execute(sql, list(row))
+            return self
+        for start in range(0, len(rows), _ROWS_PER_INSERT):
+            chunk = rows[start : start + _ROWS_PER_INSERT]
+            many = tree.copy()
+            template = values.expressions[0]
+            many.expression.set("expressions", [template.copy() for _ in chunk])
+            self._insert(many, [value for row in chunk for value in row])
         return self
 
     def sql(self, sql: str, params: dict[str, Any] | None = None) -> _Relation:
@@ -421,9 +441,18 @@ class SparkWorkspace:
         old = self.session.table(name)
         source = tree.expression
         if isinstance(source, exp.Values):
-            source = exp.select(*source.expressions[0].expressions)
-            if len(source.expressions) != len(columns or old.columns):
+            # Every row of the VALUES list: an inline table Spark types across all its rows.
+            width = len(columns or old.columns)
+            if any(len(row.expressions) != width for row in source.expressions):
                 raise SparkError(f"INSERT INTO {name}: wrong number of values")
+            inline = exp.Values(
+                expressions=[row.copy() for row in source.expressions],
+                alias=exp.TableAlias(
+                    this=exp.to_identifier("__v"),
+                    columns=[exp.to_identifier(f"__c{i}") for i in range(width)],
+                ),
+            )
+            source = exp.select("*").from_(inline)
         new = self._query(source, values)
         names = columns or old.columns
         if len(new.columns) != len(names):

@@ -191,6 +191,20 @@ def test_a_table_changes_as_duckdb_changes_it(workspace):
     assert "marks" not in ws.tables
 
 
+def test_many_rows_of_values_are_all_inserted(workspace, monkeypatch):
+    """A VALUES list of several rows, and executemany over more rows than one statement
+    takes: every row lands, typed by the table."""
+    import forensics.spark
+
+    monkeypatch.setattr(forensics.spark, "_ROWS_PER_INSERT", 3)
+    ws = workspace
+    ws.execute("CREATE OR REPLACE TABLE counts (tenant VARCHAR, n BIGINT, share DOUBLE)")
+    ws.execute("INSERT INTO counts VALUES ('a', 1, NULL), ('b', NULL, 0.5)")
+    ws.executemany("INSERT INTO counts VALUES (?, ?, ?)", [[f"t{i}", i, i / 4] for i in range(7)])
+    rows = ws.execute("SELECT tenant, n, share FROM counts ORDER BY tenant").fetchall()
+    assert rows == [("a", 1, None), ("b", None, 0.5)] + [(f"t{i}", i, i / 4) for i in range(7)]
+
+
 def test_a_spark_that_cannot_start_is_one_line(tiny_case_dir):
     """No JVM stack trace: which master, and what to check. (Its own process: this one's
     Spark is running.)"""
