@@ -280,8 +280,8 @@ def attribute(
     # replay (rank_arrays, replay_rank, rank_exposures) where the ranks' rows are.
     replay_elsewhere = getattr(con, "replay_ranks", None)
     if replay_elsewhere is not None:
-        for key in replayed_ranks:
-            replaying(key)
+        if progress and replayed_ranks:
+            progress(f"Attribution: replaying {len(replayed_ranks):,} decode ranks", 0, 0)
         replays.update(replay_elsewhere(replayed_ranks))
     else:
         for chunk in _rank_chunks(_sort_replayed(con, list(replayed_ranks))):

@@ -725,32 +725,40 @@ def _rank_task(victims: dict[tuple[str, int | None], dict[str, Any]]):
 
 
 def _replays_by_rank(table, ranks):
+    """The replay tasks' rows, per rank as ``attribution`` takes them. Exposures stay in Arrow
+    (there may be hundreds of thousands); statuses and summaries are a few rows per rank."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     from forensics.attribution import VictimStatus, _exposure_schema
 
+    schema = _exposure_schema()
     out: dict[tuple[str, int | None], tuple[Any, dict, str | None]] = dict.fromkeys(
         ranks, (None, {}, None)
     )
-    rows = table.to_pylist()
+    is_exposure = pc.equal(table["part"], "exposure")
+    exposures = table.filter(is_exposure)
     by_rank: dict[tuple[str, int | None], list[dict]] = {}
-    for row in rows:
+    for row in table.filter(pc.invert(is_exposure)).to_pylist():
         by_rank.setdefault((row["node"], row["dp_rank"]), []).append(row)
     for key, items in by_rank.items():
         if key not in out:
             continue
-        exposures = [r for r in items if r["part"] == "exposure"]
+        node, rank = key
+        same_rank = (
+            pc.is_null(exposures["dp_rank"])
+            if rank is None
+            else pc.equal(exposures["dp_rank"], rank)
+        )
+        mine = exposures.filter(pc.and_(pc.equal(exposures["node"], node), same_rank))
+        mine = mine.select([n for n in schema.names if n != "rank"]).append_column(
+            "rank", pa.nulls(mine.num_rows, pa.int32())
+        )
         statuses = {
             r["recipient_request_id"]: VictimStatus(r["drifted"], r["unknown_pages"])
             for r in items
             if r["part"] == "status"
         }
         warning = next((r["warning"] for r in items if r["part"] == "rank"), None)
-        schema = _exposure_schema()
-        columns = {
-            name: [r.get(name) for r in exposures] for name in schema.names if name != "rank"
-        }
-        columns["rank"] = [None] * len(exposures)
-        exposure_table = pa.table(columns).select(schema.names).cast(schema)
-        out[key] = (exposure_table, statuses, warning)
+        out[key] = (mine.select(schema.names).cast(schema), statuses, warning)
     return out
