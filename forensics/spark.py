@@ -330,7 +330,12 @@ class SparkWorkspace:
         """Copy the evidence tables of a case database into Spark (through Parquet in
         ``folder``), each row with its DuckDB row id as ``__rowid``. Returns the files
         written (the caller removes them when Spark is done)."""
-        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SparkError(
+                f"cannot create the staging folder {folder} ([engine].staging): {exc.strerror}"
+            ) from None
         written = []
         for name in EVIDENCE_TABLES:
             path = folder / f"{name}.parquet"

@@ -117,3 +117,20 @@ def test_the_command_line_engine_overrides_the_manifest(tmp_path):
     chosen = with_engine(case, "duckdb", "local[2]", ["spark.b = x", "spark.a=2"])
     assert chosen.engine == Engine("duckdb", "local[2]", {"spark.a": "2", "spark.b": "x"})
     assert with_engine(case, None, None, None) is case
+
+
+def test_a_staging_folder_that_cannot_be_made_is_one_line(tmp_path):
+    """Before Spark reads anything: the folder, the key that names it, and why."""
+    pytest.importorskip("pyspark", reason="the Spark engine needs pyspark")
+    import duckdb
+
+    from forensics.spark import SparkError, SparkWorkspace
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(SparkError) as err:
+        SparkWorkspace(session=None).load_case_tables(duckdb.connect(), blocker / "staging")
+    assert str(err.value) == (
+        f"cannot create the staging folder {blocker / 'staging'} ([engine].staging): "
+        "Not a directory"
+    )
