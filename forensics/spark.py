@@ -14,6 +14,7 @@ pyspark is optional (``pip install "kv-forensics[spark]"``) and needs a Java 17+
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -124,6 +125,11 @@ def detect_on_spark(
         for table in SCOPE_DDL:
             con.execute(f"DROP TABLE IF EXISTS {table}")
         ws.copy_findings(con, list(FINDINGS_DDL))
+        # The report says where detection ran (a DuckDB detection has no such row).
+        con.execute(
+            "INSERT INTO findings_case VALUES ('engine', $v)",
+            {"v": json.dumps({"name": "spark", "master": engine.master}, sort_keys=True)},
+        )
     finally:
         if watch:
             watch.stop()

@@ -76,17 +76,37 @@ def test_spark_writes_the_outputs_duckdb_writes(spark, tmp_path, simulated):
     for name in OUTPUTS:
         duck = (tmp_path / "duckdb" / name).read_bytes()
         assert (tmp_path / "spark" / name).read_bytes() == duck, name
-    # And the rest of the report: every file the same (the findings tables by content).
+    # And the rest of the report: every file the same (the findings tables by content), but
+    # for the line saying where detection ran, and manifest.json, which says it too and holds
+    # the two report files' checksums.
+    import json
+
     import pyarrow.parquet as pq
 
     written = sorted(p.relative_to(tmp_path / "duckdb") for p in (tmp_path / "duckdb").rglob("*"))
     assert written == sorted(
         p.relative_to(tmp_path / "spark") for p in (tmp_path / "spark").rglob("*")
     )
+    said = {
+        "report.html": ' · <span id="engine">detection on Spark (<code>local[2]</code>)</span>',
+        "report.md": " · detection on Spark (`local[2]`)",
+    }
     for name in written:
         duck_file, spark_file = tmp_path / "duckdb" / name, tmp_path / "spark" / name
         if duck_file.suffix == ".parquet":
             assert pq.read_table(spark_file).equals(pq.read_table(duck_file)), name
+        elif str(name) in said:
+            spark_text = spark_file.read_text()
+            assert spark_text.count(said[str(name)]) == 1, name
+            assert spark_text.replace(said[str(name)], "") == duck_file.read_text(), name
+        elif str(name) == "manifest.json":
+            duck_doc = json.loads(duck_file.read_text())
+            spark_doc = json.loads(spark_file.read_text())
+            assert duck_doc.pop("detection_engine") == {"name": "duckdb"}
+            assert spark_doc.pop("detection_engine") == {"name": "spark", "master": "local[2]"}
+            for doc in (duck_doc, spark_doc):
+                doc["outputs"] = [o for o in doc["outputs"] if o["path"] not in said]
+            assert spark_doc == duck_doc
         elif duck_file.is_file():
             assert spark_file.read_bytes() == duck_file.read_bytes(), name
     # The copy of the evidence Spark read does not outlive the run.

@@ -416,6 +416,7 @@ def _manifest(case: Case, data, out: Path, written: list[Path], redact: bool) ->
         "generated_at": iso(data.generated_at),
         "redacted": bool(redact),
         "query_set_hash": data.case_facts.get("query_set_hash"),
+        "detection_engine": data.case_facts.get("engine") or {"name": "duckdb"},
         "inputs": [_input(e) for e in data.evidence],
         "outputs": [
             {
