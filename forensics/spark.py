@@ -14,6 +14,7 @@ pyspark is optional (``pip install "kv-forensics[spark]"``) and needs a Java 17+
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from forensics.detect import DetectSummary
     from forensics.progress import StepProgress
 
-# The case tables Spark reads (the evidence) and the order detection's rows are kept in.
+# The case tables Spark reads: the evidence, as ingest loaded it.
 EVIDENCE_TABLES = ("requests", "engine_legs", "pool_snapshots", "kv_allocations", "tenants")
 
 # What every session needs whatever the manifest says: UTC (timestamps are stored in UTC and
@@ -57,8 +58,10 @@ DEFAULT_CONF = {
 }
 
 
+@functools.cache
 def _package_zip() -> Path:
-    """This package's Python files as a zip, for Spark executors to import."""
+    """This package's Python files as a zip, for Spark executors to import (made once per
+    process, however many sessions it starts)."""
     import tempfile
     import zipfile
 
@@ -438,10 +441,9 @@ class SparkWorkspace:
                 f"`{c.name}` {_spark_type(c.args['kind'])}" for c in tree.this.expressions
             )
             self._replace(name, self.session.createDataFrame([], schema), materialise=False)
-            return None
+            return
         df = self._query(query, values)
         self._replace(name, df, materialise=tree.kind == "TABLE")
-        return None
 
     def _insert(self, tree, values) -> None:
         from sqlglot import exp
@@ -478,7 +480,6 @@ class SparkWorkspace:
             ]
         )
         self._replace(name, old.unionByName(new), materialise=True)
-        return None
 
     def _delete(self, tree, values) -> None:
         from sqlglot import exp
@@ -487,14 +488,13 @@ class SparkWorkspace:
         where = tree.args.get("where")
         if where is None:
             self._replace(name, self.session.table(name).limit(0), materialise=True)
-            return None
+            return
         keep = (
             exp.select("*")
             .from_(tree.this.copy())
             .where(exp.not_(exp.func("coalesce", where.this.copy(), exp.false())))
         )
         self._replace(name, self._query(keep, values), materialise=True)
-        return None
 
     def _update(self, tree, values) -> None:
         """``UPDATE t [AS a] SET c = m.x FROM (...) m WHERE a.k = m.k``: every row of t, the
@@ -533,7 +533,6 @@ class SparkWorkspace:
             .join(marked, on=where.this.copy(), join_type="left")
         )
         self._replace(name, self._query(query, values), materialise=True)
-        return None
 
     def _replace(self, name: str, df: DataFrame, *, materialise: bool) -> None:
         from pyspark.errors import PySparkException
