@@ -478,16 +478,26 @@ def _open(
         )
         source = adapters.open_source(con, path, kind, fmt, tag, progress, options)
     else:
-        problem = adapters.check_entry(fmt, kind, tenant_field)
-        if problem:
-            raise EvidenceError(problem)
-        source = open_source(con, path, tag, progress)
-        if tenant_field is not None and not source.empty:
-            # The tenant is in a column of another name: it stands for tenant_id.
-            if tenant_field not in source.columns:
-                raise EvidenceError(f"no column {tenant_field!r} (the entry's tenant_field)")
-            source.columns["tenant_id"] = source.columns[tenant_field]
+        _check_canonical(kind, tenant_field)
+        source = _with_tenant_field(open_source(con, path, tag, progress), tenant_field)
     return source, fmt
+
+
+def _check_canonical(kind: str, tenant_field: str | None) -> None:
+    from forensics import adapters
+
+    problem = adapters.check_entry("canonical", kind, tenant_field)
+    if problem:
+        raise EvidenceError(problem)
+
+
+def _with_tenant_field(source: Source, tenant_field: str | None) -> Source:
+    if tenant_field is not None and not source.empty:
+        # The tenant is in a column of another name: it stands for tenant_id.
+        if tenant_field not in source.columns:
+            raise EvidenceError(f"no column {tenant_field!r} (the entry's tenant_field)")
+        source.columns["tenant_id"] = source.columns[tenant_field]
+    return source
 
 
 @dataclass
@@ -597,9 +607,14 @@ def _finish(
         )
         loaded -= duplicates + conflicts
         sql = staged.sql(flagged)
-    # Counting the source is nearly free (Parquet metadata, a temp table), and when every row
-    # loaded the second pass over the file for rejects can be skipped.
-    total = scalar(con, f"SELECT count(*) FROM {source.relation}")
+    # Counting the source is nearly free (Parquet metadata, a temp table, a count the reader
+    # kept), and when every row loaded the second pass over the file for rejects can be skipped.
+    total = source.rows
+    if total is None:
+        total = scalar(con, f"SELECT count(*) FROM {source.relation}")
+    # (Repeats of rows loaded before were taken off ``loaded``: they are rejects too.)
+    if source.redo_for_rejects and loaded < total:
+        raise _LinesNeeded([])  # the batch knows which file it is
     rejected = 0
     if loaded < total:
         rejected = run(
@@ -830,9 +845,10 @@ def _rows_in(path: Path) -> int | None:
 # A job: (path, kind, format, time zone, defaults, label, tenant_field).
 _Job = tuple[Path, str, str, str, dict[str, Any], str, str | None]
 
-# Canonical Parquet files of one entry load in one statement, up to this many bytes: DuckDB
-# reads the files of one statement in parallel, but a file of one row group on one thread
-# (a 1M-request case's daily files loaded in half the time together).
+# Canonical Parquet and JSON Lines files of one entry load in one statement, up to this many
+# bytes: DuckDB reads the files of one statement in parallel, but a Parquet file of one row
+# group or a compressed file on one thread (a 1M-request case's daily Parquet files loaded in
+# half the time together).
 BATCH_BYTES = 1 << 30
 # Virtual columns the batched read relies on; a file with a real column of such a name loads
 # on its own.
@@ -844,7 +860,18 @@ class _Batchable:
     job: _Job
     sha: str
     size: int
-    key: tuple  # what files must share to load together: kind, zone, defaults, columns
+    key: tuple  # what files must share to load together: kind, zone, defaults, file type...
+    file_type: str  # parquet | jsonl
+    compression: str | None
+
+
+class _LinesNeeded(EvidenceError):
+    """Files of a batch that DuckDB's JSON reader cannot load as the line reader would (some
+    have rejects, whose raw lines only the line reader keeps): the batch is undone."""
+
+    def __init__(self, positions: list[int]):
+        super().__init__(f"files {positions} need the line reader")
+        self.positions = positions
 
 
 def _load_all(
@@ -854,20 +881,38 @@ def _load_all(
     progress: Progress | None,
     entry: int | None = None,
 ) -> None:
-    """Load ``jobs`` in order: runs of canonical Parquet files with the same columns together
-    (:func:`_load_batch`), every other file on its own (:func:`ingest_file`)."""
+    """Load ``jobs`` in order: runs of canonical Parquet files with the same columns, and of
+    canonical JSON Lines files, together (:func:`_load_batch`), every other file on its own
+    (:func:`ingest_file`)."""
     pending: list[_Batchable] = []
 
-    def flush() -> None:
-        if len(pending) > 1:
-            loaded = _load_batch(con, pending, progress)
+    def load(items: list[_Batchable], again: bool) -> None:
+        # One Parquet file gains nothing from a batch; one JSON Lines file gains DuckDB's reader.
+        if len(items) > 1 or (items and items[0].file_type == "jsonl"):
+            loaded, alone = _load_batch(con, items, progress)
             if loaded is not None:
-                for item, done in zip(pending, loaded, strict=True):
+                for item, done in zip(items, loaded, strict=True):
                     _loaded(con, result, done, item.job[0])
-                pending.clear()
                 return
-        for item in pending:
+            if again and alone:
+                # The files only the line reader reads load alone, the runs between them
+                # together once more, all in their order (which of two repeats is the older
+                # depends on it).
+                run: list[_Batchable] = []
+                for i, item in enumerate(items):
+                    if i in alone:
+                        load(run, again=False)
+                        run = []
+                        _load_one(con, item.job, result, progress, entry)
+                    else:
+                        run.append(item)
+                load(run, again=False)
+                return
+        for item in items:
             _load_one(con, item.job, result, progress, entry)
+
+    def flush() -> None:
+        load(list(pending), again=True)
         pending.clear()
 
     for job in jobs:
@@ -942,8 +987,8 @@ def _load_one(
 
 def _batchable(con: duckdb.DuckDBPyConnection, job: _Job) -> _Batchable | None:
     """The job as a candidate for a batched load, or None when it must load on its own: not
-    canonical uncompressed Parquet, unreadable, already loaded (ingest_file says so), or
-    holding a column named like a virtual one."""
+    canonical uncompressed Parquet or canonical JSON Lines (plain or gzip), unreadable, already
+    loaded (ingest_file says so), or holding a column named like a virtual one."""
     import duckdb
 
     from forensics.readers import detect_type
@@ -952,13 +997,18 @@ def _batchable(con: duckdb.DuckDBPyConnection, job: _Job) -> _Batchable | None:
     if fmt != "canonical":
         return None
     try:
-        if detect_type(path) != ("parquet", None):
+        file_type, compression = detect_type(path)
+        if (file_type, compression) not in (("parquet", None), ("jsonl", None), ("jsonl", "gzip")):
             return None
         sha, size = file_sha256(path)
     except (OSError, EvidenceError):
         return None
     if _existing(con, sha) is not None:
         return None
+    key = (kind, tz, tuple(sorted((k, str(v)) for k, v in defaults.items())), tenant_field)
+    if file_type == "jsonl":
+        # Their keys are read when the batch loads (readers.json_lines_natively).
+        return _Batchable(job, sha, size, (*key, file_type, compression), file_type, compression)
     try:
         columns = tuple(
             (r[0], r[1])
@@ -970,18 +1020,27 @@ def _batchable(con: duckdb.DuckDBPyConnection, job: _Job) -> _Batchable | None:
         return None
     if any(name in _VIRTUAL for name, _ in columns):
         return None
-    key = (kind, tz, tuple(sorted((k, str(v)) for k, v in defaults.items())), tenant_field)
-    return _Batchable(job, sha, size, key + columns)
+    return _Batchable(job, sha, size, key + columns, file_type, compression)
 
 
 def _load_batch(
     con: duckdb.DuckDBPyConnection, batch: list[_Batchable], progress: Progress | None
-) -> list[FileResult] | None:
-    """Load several canonical Parquet files of the same columns in one transaction, their good
-    rows by one statement; then each file's duplicates, rejects and evidence row as a single
-    file's (:func:`_finish`). Returns None, with nothing written, when anything fails: the
-    files are then loaded one by one, where a failure is charged to its own file."""
+) -> tuple[list[FileResult] | None, list[int]]:
+    """Load several canonical Parquet files of the same columns, or canonical JSON Lines files
+    that DuckDB's JSON reader reads exactly (:func:`~forensics.readers.json_lines_natively`),
+    in one transaction, their good rows by one statement; then each file's duplicates, rejects
+    and evidence row as a single file's (:func:`_finish`).
+
+    Returns:
+        The files' results; or None, with nothing written, when anything failed, and the
+        positions of the JSON Lines files that only the line reader reads as it should
+        (declined by DuckDB's reader, or holding a reject). The caller then loads those alone
+        and tries the others again, or loads every file alone, where a failure is charged to
+        its own file.
+    """
     import duckdb
+
+    from forensics.readers import json_lines_natively
 
     _, kind, _, tz, defaults, _, field_ = batch[0].job
     sizes = [item.size for item in batch]
@@ -1001,22 +1060,39 @@ def _load_batch(
     report(0.0)
     con.execute("SET enable_progress_bar_print = false")
     sources: list[Source] = []
+    paths = [item.job[0] for item in batch]
+    if batch[0].file_type == "jsonl":
+        # Outside the transaction: a file DuckDB's reader fails on would abort it.
+        try:
+            _check_canonical(kind, field_)
+            # A key outside the schema (a tenant_field among them) goes to a row's extra
+            # column, which the line reader builds: such files are read by it.
+            native = json_lines_natively(con, paths, batch[0].compression, _columns(kind))
+            if native.declined:
+                return None, native.declined
+            sources = [_with_tenant_field(source, field_) for source in native.sources]
+        except EvidenceError:
+            return None, []
     con.execute("BEGIN TRANSACTION")
     try:
         tags = [str(next(_tags)) for _ in batch]
-        for item, tag in zip(batch, tags, strict=True):
-            path = item.job[0]
-            sources.append(_open(con, path, kind, "canonical", tag, None, defaults, field_)[0])
+        if batch[0].file_type == "jsonl":
+            relation, position, row = native.relation, "__kv_file_no", "__kv_row"
+        else:
+            for path, tag in zip(paths, tags, strict=True):
+                sources.append(_open(con, path, kind, "canonical", tag, None, defaults, field_)[0])
+            files = ", ".join(sql_str(str(path)) for path in paths)
+            relation = f"read_parquet([{files}])"
+            position, row = "file_index::BIGINT + 1", "file_row_number + 1"
         eids = [scalar(con, "SELECT nextval('evidence_seq')") for _ in batch]
-        files = ", ".join(sql_str(str(item.job[0])) for item in batch)
         ids = ", ".join(str(e) for e in eids)
         together = replace(
             sources[0],
             relation=(
-                f"(SELECT *, list_extract([{ids}]::BIGINT[], file_index::BIGINT + 1) AS __kv_eid, "
-                f"file_row_number AS __kv_fr FROM read_parquet([{files}]))"
+                f"(SELECT *, list_extract([{ids}]::BIGINT[], {position}) AS __kv_eid, "
+                f"{row} AS __kv_fr FROM {relation})"
             ),
-            row_expr="__kv_fr + 1",
+            row_expr="__kv_fr",
             cleanup=[],
             temp_files=[],
         )
@@ -1034,17 +1110,30 @@ def _load_batch(
                 "GROUP BY evidence_id"
             ).fetchall()
         )
+        short = [
+            i
+            for i, (source, eid) in enumerate(zip(sources, eids, strict=True))
+            if source.redo_for_rejects and counts.get(eid, 0) != source.rows
+        ]
+        if short:
+            raise _LinesNeeded(short)
         results = []
-        for item, source, tag, eid in zip(batch, sources, tags, eids, strict=True):
+        for i, (item, source, tag, eid) in enumerate(zip(batch, sources, tags, eids, strict=True)):
             staged = _Staged(
                 kind, "canonical", item.job[5], item.sha, item.size, source, tag, tz, defaults
             )
             run = _runner(con, item.size, lambda d, t: None, False)
-            results.append(_finish(con, staged, eid, counts.get(eid, 0), run))
+            try:
+                results.append(_finish(con, staged, eid, counts.get(eid, 0), run))
+            except _LinesNeeded:
+                raise _LinesNeeded([i]) from None  # a repeat of a row loaded before
         con.execute("COMMIT")
+    except _LinesNeeded as exc:
+        con.execute("ROLLBACK")
+        return None, exc.positions
     except (duckdb.Error, EvidenceError):
         con.execute("ROLLBACK")
-        return None
+        return None, []
     except BaseException:
         con.execute("ROLLBACK")
         raise
@@ -1054,7 +1143,7 @@ def _load_batch(
     for label, size in zip(labels, sizes, strict=True):
         if progress:
             progress(label, size, size)
-    return results
+    return results, []
 
 
 @contextmanager

@@ -76,9 +76,9 @@ def batches(monkeypatch) -> list[int]:
     real = ingest._load_batch
 
     def spy(con, batch, progress):
-        loaded = real(con, batch, progress)
+        loaded, alone = real(con, batch, progress)
         seen.append(len(batch) if loaded is not None else -len(batch))
-        return loaded
+        return loaded, alone
 
     monkeypatch.setattr(ingest, "_load_batch", spy)
     return seen
