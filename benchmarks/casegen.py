@@ -483,11 +483,17 @@ def _jsonl_gz(table) -> bytes:
     return buf.getvalue()
 
 
-def _write(folder: Path, name: str, table, pool: ThreadPoolExecutor) -> list:
-    """Write one table in both formats (the JSON Lines compressed on the thread pool)."""
+def _write(
+    folder: Path, name: str, table, pool: ThreadPoolExecutor, formats: tuple[str, ...] = FORMATS
+) -> list:
+    """Write one table in each of ``formats`` (JSON Lines compressed on the thread pool)."""
     import pyarrow.parquet as pq
 
-    pq.write_table(table, folder / "parquet" / "evidence" / f"{name}.parquet", compression="zstd")
+    if "parquet" in formats:
+        target = folder / "parquet" / "evidence" / f"{name}.parquet"
+        pq.write_table(table, target, compression="zstd")
+    if "jsonl" not in formats:
+        return []
     target = folder / "jsonl" / "evidence" / f"{name}.jsonl.gz"
     return [pool.submit(lambda t=table, p=target: p.write_bytes(_jsonl_gz(t)))]
 
@@ -554,11 +560,25 @@ def manifest(fmt: str, requests: int) -> str:
     return "\n".join(lines)
 
 
-def generate(folder: Path, requests: int, seed: int = 1, shape: Shape | None = None) -> dict:
-    """Write the case of ``requests`` requests into ``folder`` (``parquet/`` and ``jsonl/``).
+# Requests generated at once: a day holding more is generated in parts, each written to its
+# own files, so memory stays that of a 16M case's day (about 4 GB) whatever the size.
+PART_REQUESTS = 1_200_000
+
+
+def generate(
+    folder: Path,
+    requests: int,
+    seed: int = 1,
+    shape: Shape | None = None,
+    formats: tuple[str, ...] = FORMATS,
+) -> dict:
+    """Write the case of ``requests`` requests into ``folder`` (``parquet/`` and ``jsonl/``,
+    or the ``formats`` asked).
 
     The folder appears whole or not at all: everything is written beside it and renamed into
-    place. Returns what ``meta.json`` holds: the generator version, shape and counts.
+    place. A day of more than ``PART_REQUESTS`` requests is generated in parts (independent
+    streams over the same day, superposed), written as ``KIND-DATE-pN`` files. Returns what
+    ``meta.json`` holds: the generator version, shape and counts.
     """
     import numpy as np
 
@@ -566,7 +586,7 @@ def generate(folder: Path, requests: int, seed: int = 1, shape: Shape | None = N
     folder = Path(folder)
     work = folder.with_name(folder.name + ".partial")
     shutil.rmtree(work, ignore_errors=True)
-    for fmt in FORMATS:
+    for fmt in formats:
         (work / fmt / "evidence").mkdir(parents=True)
         (work / fmt / "case.toml").write_text(manifest(fmt, requests))
 
@@ -579,18 +599,26 @@ def generate(folder: Path, requests: int, seed: int = 1, shape: Shape | None = N
         pending = []
         for name, table in (("pool_snapshots", snapshots(shape)), ("tenants", tenants_table(pop))):
             totals[name] = table.num_rows
-            pending += _write(work, name, table, pool)
+            pending += _write(work, name, table, pool, formats)
         for day in range(DAYS):
-            rng = np.random.default_rng(streams[day + 1])
-            tables, counts = day_tables(shape, pop, day, int(per_day[day]), rng)
-            for k, v in counts.items():
-                totals[k] = totals.get(k, 0) + v
             date = (START + timedelta(days=day)).strftime("%Y-%m-%d")
-            for name, table in tables.items():
-                # Hold at most a day of JSON Lines in flight: finish the oldest first.
-                while len(pending) >= 3:
-                    pending.pop(0).result()
-                pending += _write(work, f"{name}-{date}", table, pool)
+            n = int(per_day[day])
+            parts = -(-n // PART_REQUESTS)
+            # One part draws from the day's own stream, so cases that fit stay as they were.
+            seeds = [streams[day + 1]] if parts == 1 else streams[day + 1].spawn(parts)
+            for part, part_seed in enumerate(seeds):
+                size = n // parts + (part < n % parts)
+                rng = np.random.default_rng(part_seed)
+                tables, counts = day_tables(shape, pop, day, size, rng)
+                for k, v in counts.items():
+                    totals[k] = totals.get(k, 0) + v
+                suffix = date if parts == 1 else f"{date}-p{part + 1}"
+                for name, table in tables.items():
+                    # Hold at most a day of JSON Lines in flight: finish the oldest first.
+                    while len(pending) >= 3:
+                        pending.pop(0).result()
+                    pending += _write(work, f"{name}-{suffix}", table, pool, formats)
+                del tables
         for f in pending:
             f.result()
     meta = {
@@ -601,7 +629,7 @@ def generate(folder: Path, requests: int, seed: int = 1, shape: Shape | None = N
         **totals,
         "bytes": {
             fmt: sum(p.stat().st_size for p in (work / fmt / "evidence").iterdir())
-            for fmt in FORMATS
+            for fmt in formats
         },
     }
     (work / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -618,8 +646,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, required=True)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="fleet64")
+    parser.add_argument("--formats", default=",".join(FORMATS), help="parquet,jsonl or one")
     args = parser.parse_args(argv)
-    meta = generate(args.folder, args.requests, args.seed, SHAPES[args.shape])
+    formats = tuple(f for f in FORMATS if f in args.formats.split(","))
+    if not formats:
+        parser.error(f"--formats: one or more of {', '.join(FORMATS)}")
+    meta = generate(args.folder, args.requests, args.seed, SHAPES[args.shape], formats)
     print(json.dumps({k: meta[k] for k in ("requests", "engine_legs", "affected", "bytes")}))
     return 0
 

@@ -23,6 +23,7 @@ def _load(name: str):
     try:
         spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up there
         spec.loader.exec_module(module)
         return module
     finally:
@@ -93,3 +94,20 @@ def test_small_mode_runs_every_stage(tmp_path):
     # The case stays cached for the next run; the databases and reports are gone.
     (case,) = (tmp_path / "cache").iterdir()
     assert (case / "meta.json").exists() and not list(case.rglob("*.duckdb"))
+
+
+def test_a_day_past_the_part_size_is_generated_in_parts(tmp_path, monkeypatch):
+    casegen = _load("casegen")
+    monkeypatch.setattr(casegen, "PART_REQUESTS", 3_000)
+    shape = casegen.SHAPES["small"]
+    meta = casegen.generate(tmp_path / "case", 14 * 7_000, shape=shape, formats=("parquet",))
+    evidence = tmp_path / "case" / "parquet" / "evidence"
+    assert not (tmp_path / "case" / "jsonl").exists()
+    # 7,000 requests a day in parts of at most 3,000: three files a day for each table.
+    first_day = sorted(p.name for p in evidence.glob("requests-2026-08-27*"))
+    assert first_day == [f"requests-2026-08-27-p{k}.parquet" for k in (1, 2, 3)]
+    import pyarrow.parquet as pq
+
+    rows = sum(pq.read_metadata(p).num_rows for p in evidence.glob("requests-*"))
+    assert rows == meta["requests"] == 14 * 7_000
+    assert meta["bytes"].keys() == {"parquet"}
