@@ -7,7 +7,8 @@ query. Readers also give each row its provenance (``source_row``) and, for rows 
 bad, an SQL expression of the row's raw text.
 
 Decompression (``.gz``, ``.zst``) and line splitting run in Arrow's C++ code in large blocks,
-so Python never touches individual values. A compressed JSON Lines or CSV file that turns out
+so Python never touches individual values; canonical JSON Lines files that DuckDB's JSON
+reader reads exactly as the line reader does are left to it (:func:`json_lines_natively`). A compressed JSON Lines or CSV file that turns out
 truncated or corrupt is salvaged (:mod:`forensics.salvage`): every complete row before the
 damage loads, the row the damage cut is rejected, and the source says what was lost.
 """
