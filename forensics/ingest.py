@@ -987,14 +987,15 @@ def _load_one(
 
 def _batchable(con: duckdb.DuckDBPyConnection, job: _Job) -> _Batchable | None:
     """The job as a candidate for a batched load, or None when it must load on its own: not
-    canonical uncompressed Parquet or canonical JSON Lines (plain or gzip), unreadable, already
-    loaded (ingest_file says so), or holding a column named like a virtual one."""
+    canonical uncompressed Parquet or canonical JSON Lines (plain or gzip), a path DuckDB would
+    take for a pattern, unreadable, already loaded (ingest_file says so), or holding a column
+    named like a virtual one."""
     import duckdb
 
-    from forensics.readers import detect_type
+    from forensics.readers import detect_type, globs
 
     path, kind, fmt, tz, defaults, _, tenant_field = job
-    if fmt != "canonical":
+    if fmt != "canonical" or globs(path):
         return None
     try:
         file_type, compression = detect_type(path)

@@ -8,9 +8,10 @@ bad, an SQL expression of the row's raw text.
 
 Decompression (``.gz``, ``.zst``) and line splitting run in Arrow's C++ code in large blocks,
 so Python never touches individual values; canonical JSON Lines files that DuckDB's JSON
-reader reads exactly as the line reader does are left to it (:func:`json_lines_natively`). A compressed JSON Lines or CSV file that turns out
-truncated or corrupt is salvaged (:mod:`forensics.salvage`): every complete row before the
-damage loads, the row the damage cut is rejected, and the source says what was lost.
+reader reads exactly as the line reader does are left to it (:func:`json_lines_natively`).
+A compressed JSON Lines or CSV file that turns out truncated or corrupt is salvaged
+(:mod:`forensics.salvage`): every complete row before the damage loads, the row the damage
+cut is rejected, and the source says what was lost.
 """
 
 from __future__ import annotations
@@ -43,6 +44,18 @@ FILE_TYPES = {
     ".pq": "parquet",
 }
 _BLOCK = 16 << 20  # bytes of decompressed input handled per step
+# DuckDB's file readers take a path as a glob pattern, with no escape: given `a[1].parquet`
+# they read `a1.parquet`. A path holding one of these is never handed to them as it is.
+GLOB_CHARACTERS = frozenset("*?[")
+
+
+def globs(path: Path) -> bool:
+    """Whether DuckDB would read ``path`` as a pattern rather than as the file.
+
+    >>> globs(Path("logs/requests[1].parquet")), globs(Path("logs/requests-1.parquet"))
+    (True, False)
+    """
+    return not GLOB_CHARACTERS.isdisjoint(str(path))
 
 
 def sql_str(value: str) -> str:
@@ -119,6 +132,8 @@ class Source:
         for name in self.temp_files:
             try:
                 os.unlink(name)
+                if os.path.basename(os.path.dirname(name)).startswith("kv-forensics-"):
+                    os.rmdir(os.path.dirname(name))  # the folder of a link (see globs)
             except OSError:
                 pass
 
@@ -820,6 +835,14 @@ def _open_parquet(con, path: Path, compression, tag: str, progress) -> Source:
                 f"{decoded.damage.describe()}: a Parquet file cannot be read without its end"
             )
         target = Path(name)
+    elif globs(path):
+        # Read through a link of a plain name (see GLOB_CHARACTERS).
+        name = os.path.join(tempfile.mkdtemp(prefix="kv-forensics-"), "evidence.parquet")
+        os.symlink(path.resolve(), name)
+        temp_files.append(name)
+        target = Path(name)
+        if globs(target):
+            raise EvidenceError(f"the temporary folder {target.parent} has *, ? or [ in its name")
 
     import duckdb
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import glob
+import tempfile
 from pathlib import Path
 
 import pyarrow as pa
@@ -146,3 +148,24 @@ def test_progress_shows_the_files_of_a_batch_in_order(tmp_path, batches):
     assert list(dict.fromkeys(label for label, _, _ in calls)) == [str(p) for p in files]
     last = {label: (done, total) for label, done, total in calls}
     assert last == {str(p): (p.stat().st_size, p.stat().st_size) for p in files}
+
+
+def test_a_file_whose_name_is_a_pattern_loads_itself(tmp_path, batches):
+    # DuckDB takes a path as a glob pattern, with no escape: `r[1].parquet` would read
+    # `r1.parquet`, and `r*.parquet` every file of the folder.
+    decoy = _write(tmp_path / "r1.parquet", _requests(9))
+    named = _write(tmp_path / "r[1].parquet", _requests(1))
+    starred = _write(tmp_path / "r*.parquet", _requests(2))
+    plain = _write(tmp_path / "r-4.parquet", _requests(4))
+    patterns = [Path(glob.escape(str(p))) for p in (named, starred, plain)]
+    result = ingest_paths(tmp_path / "case.duckdb", patterns, "requests")
+    # Neither joins a batch (the one file left loads alone as well).
+    assert batches == []
+    assert [f.rows_loaded for f in result.files] == [5, 5, 5]
+    con = connect(tmp_path / "case.duckdb")
+    assert con.execute(
+        "SELECT e.path, min(r.request_id) FROM requests r JOIN evidence e USING (evidence_id) "
+        "GROUP BY e.path, e.evidence_id ORDER BY e.evidence_id"
+    ).fetchall() == [(str(named), "d1-0"), (str(starred), "d2-0"), (str(plain), "d4-0")]
+    assert decoy.exists()
+    assert not list(Path(tempfile.gettempdir()).glob("kv-forensics-*/evidence.parquet"))

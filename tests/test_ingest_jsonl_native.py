@@ -3,6 +3,7 @@ loads, and every file that reader would read otherwise goes to the line reader."
 
 from __future__ import annotations
 
+import glob
 import gzip
 import json
 from pathlib import Path
@@ -217,3 +218,13 @@ def test_count_lines_counts_blank_lines_and_an_unterminated_last_one(tmp_path):
     cut = tmp_path / "d.jsonl.gz"
     cut.write_bytes(gzip.compress(b"x\n" * 1000)[:-12])
     assert count_lines(cut, "gzip") is None
+
+
+def test_a_file_whose_name_is_a_pattern_goes_line_by_line(tmp_path, batches):
+    _write(tmp_path / "r1.jsonl", _lines([_request(9, 0)]))
+    named = _write(tmp_path / "r[1].jsonl", _lines([_request(1, 0)]))
+    result = ingest_paths(tmp_path / "case.duckdb", [Path(glob.escape(str(named)))], "requests")
+    assert batches == []
+    assert result.rows_loaded == 1
+    con = connect(tmp_path / "case.duckdb")
+    assert con.execute("SELECT request_id FROM requests").fetchall() == [("d1-0",)]
