@@ -17,7 +17,7 @@ from zoneinfo import ZoneInfo
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from forensics import schema
@@ -550,6 +550,12 @@ def test_a_wall_clock_time_loads_only_when_it_names_one_instant(cases):
 def test_an_instant_outside_the_range_is_rejected_in_every_form(cases):
     values = []
     for when, form in cases:
+        # The unit of an epoch number is told by its magnitude, so an instant of the first
+        # seven weeks of 1970 in ms, us or ns is, read in a coarser unit, an instant of
+        # 2000-2099: a number no log of this century holds, and not what this test is about.
+        assume(
+            form in ("iso", "naive", "s") or not datetime(1970, 1, 1) <= when < datetime(1970, 3, 1)
+        )
         if form == "iso":
             values.append(f"{when.year:04d}{when:-%m-%dT%H:%M:%S}Z")
         elif form == "naive":
