@@ -1062,8 +1062,12 @@ def _load_batch(
     con.execute("SET enable_progress_bar_print = false")
     sources: list[Source] = []
     paths = [item.job[0] for item in batch]
+    # JSON Lines files are read twice, to check them and to load them: a third of the bar and
+    # the rest.
+    first, rest = (1 / 3, 2 / 3) if batch[0].file_type == "jsonl" else (0.0, 1.0)
     if batch[0].file_type == "jsonl":
         # Outside the transaction: a file DuckDB's reader fails on would abort it.
+        stopper = _watch_query(con, lambda f: report(first * f)) if progress else None
         try:
             _check_canonical(kind, field_)
             # A key outside the schema (a tenant_field among them) goes to a row's extra
@@ -1074,6 +1078,9 @@ def _load_batch(
             sources = [_with_tenant_field(source, field_) for source in native.sources]
         except EvidenceError:
             return None, []
+        finally:
+            if stopper:
+                stopper()
     con.execute("BEGIN TRANSACTION")
     try:
         tags = [str(next(_tags)) for _ in batch]
@@ -1099,7 +1106,7 @@ def _load_batch(
         )
         sql, names = stage_sql(kind, together, tz, defaults, keep=("__kv_eid",))
         statement = _insert_good(kind, sql, names, "__kv_eid")
-        stopper = _watch_query(con, report) if progress else None
+        stopper = _watch_query(con, lambda f: report(first + rest * f)) if progress else None
         try:
             con.execute(statement)
         finally:
