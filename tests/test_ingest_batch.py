@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import glob
+import gzip
+import json
 import tempfile
 from pathlib import Path
 
@@ -138,8 +140,17 @@ def test_files_loaded_before_and_repeated_bytes_load_alone(tmp_path, batches):
     assert result.rows_loaded == 3 + 3 + 5  # skipped files load nothing
 
 
-def test_progress_shows_the_files_of_a_batch_in_order(tmp_path, batches):
-    files = _day_files(tmp_path)[:4]
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl.gz"])
+def test_progress_shows_the_files_of_a_batch_in_order(tmp_path, batches, suffix):
+    files = []
+    for day in (1, 2, 3, 4):
+        path = tmp_path / f"r-{day}{suffix}"
+        if suffix == ".parquet":
+            files.append(_write(path, _requests(day)))
+        else:
+            text = "".join(json.dumps(r) + "\n" for r in _requests(day))
+            path.write_bytes(gzip.compress(text.encode()))
+            files.append(path)
     calls: list[tuple[str, int, int]] = []
     ingest_paths(
         tmp_path / "case.duckdb", files, "requests", progress=lambda *call: calls.append(call)

@@ -228,15 +228,3 @@ def test_a_file_whose_name_is_a_pattern_goes_line_by_line(tmp_path, batches):
     assert result.rows_loaded == 1
     con = connect(tmp_path / "case.duckdb")
     assert con.execute("SELECT request_id FROM requests").fetchall() == [("d1-0",)]
-
-
-def test_progress_walks_the_files_of_a_batch_in_order(tmp_path, batches):
-    files = [_write(tmp_path / f"r-{d}.jsonl.gz", _lines(_varied(d))) for d in (1, 2, 3)]
-    calls: list[tuple[str, int, int]] = []
-    ingest_paths(
-        tmp_path / "case.duckdb", files, "requests", progress=lambda *call: calls.append(call)
-    )
-    assert batches == [3]
-    assert list(dict.fromkeys(label for label, _, _ in calls)) == [str(p) for p in files]
-    last = {label: (done, total) for label, done, total in calls}
-    assert last == {str(p): (p.stat().st_size, p.stat().st_size) for p in files}
