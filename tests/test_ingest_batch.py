@@ -1,4 +1,5 @@
-"""Canonical Parquet files of one entry load together: the same tables as one by one."""
+"""Canonical files of one entry load together (Parquet here, JSON Lines too): the same tables
+as loading them one by one."""
 
 from __future__ import annotations
 
