@@ -78,7 +78,8 @@ def _engine_only(
                WHERE engine_key(l.bootstrap_room, l.request_id) IN (
                        SELECT engine_key(bootstrap_room, request_id) FROM engine_legs
                        WHERE request_id = $id)
-                 AND l.request_id NOT IN (SELECT request_id FROM legs_of_clients('leg_unmatched'))
+                 AND l.request_id NOT IN (SELECT request_id FROM legs_of_clients('leg_unmatched')
+                                          WHERE client_request_id IS NOT NULL)
                ORDER BY l.started_at, l.role""",
             {"id": request_id},
         )

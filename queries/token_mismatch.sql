@@ -15,7 +15,9 @@ compared AS (
          CASE WHEN g.role = 'decode' THEN coalesce(g.reserved_tokens, r.prompt_tokens)
               ELSE r.prompt_tokens END AS expected_tokens
   FROM scoped_all r JOIN legs g ON g.client_request_id = r.request_id
-  WHERE r.answered AND g.held_tokens IS NOT NULL
+  -- (A leg with no count fails the comparison below. Filtered out here, it would make DuckDB
+  -- estimate the legs fewer than the requests and build the join's hash table on them.)
+  WHERE r.answered
 )
 SELECT
   request_id,

@@ -63,13 +63,22 @@ def test_legs_meet_their_request_by_rid_else_room_and_the_rest_stand_alone(tmp_p
     matched = con.execute(
         "SELECT client_request_id, request_id, role FROM client_legs ORDER BY ALL"
     ).fetchall()
+    # Every leg, with no client request for those no rid or room matched (d-x's prefill leg
+    # carries the rid of a leg the room matched: it stands with neither).
     assert matched == [
         ("c1", "c1", "prefill"),
         ("c1", "d-x", "decode"),
         ("c2", "c2", "decode"),
         ("c3", "d-5", "decode"),
         ("c3b", "d-5", "decode"),
+        (None, "d-x", "prefill"),
+        (None, "e-1", "decode"),
+        (None, "e-2", "prefill"),
     ]
+    # A join on the client request leaves those out.
+    assert con.execute(
+        "SELECT count(*) FROM matched_legs l JOIN requests r ON r.request_id = l.client_request_id"
+    ).fetchone() == (5,)
     orphans = con.execute("SELECT request_id, engine_key FROM orphan_legs ORDER BY 1").fetchall()
     assert orphans == [("e-1", "room:9"), ("e-2", "rid:e-2")]
     # The engine requests standing in for a missing client record: one per engine key.
@@ -91,7 +100,9 @@ def test_legs_with_no_client_log_are_all_engine_requests(tmp_path):
         ],
     )
     prepare(con, case_parameters(case))
-    assert con.execute("SELECT count(*) FROM client_legs").fetchone() == (0,)
+    assert con.execute(
+        "SELECT count(*) FROM client_legs WHERE client_request_id IS NOT NULL"
+    ).fetchone() == (0,)
     assert con.execute("SELECT engine_key FROM engine_requests ORDER BY 1").fetchall() == [
         ("rid:e-2",),
         ("room:9",),
@@ -204,3 +215,58 @@ def test_decode_timeline_takes_decode_legs_else_the_client_record(tmp_path):
         ("twice", "d0", 1, "00:05", "01:05", 900, "engine_legs", True),
         ("unified", "d0", 0, "00:06", "01:06", 900, "engine_legs", True),
     ]
+
+
+def _scans(node) -> set[str]:
+    """The tables a plan node reads, below it included."""
+    table = node.get("extra_info", {}).get("Table", "")
+    found = {table.rsplit(".", 1)[-1].strip('"')} if table else set()
+    for child in node.get("children", []):
+        found |= _scans(child)
+    return found
+
+
+def _top_join(node):
+    if "JOIN" in node.get("name", ""):
+        return node
+    for child in node.get("children", []):
+        if (join := _top_join(child)) is not None:
+            return join
+    return None
+
+
+def test_the_legs_to_requests_join_builds_on_the_requests(tmp_path):
+    # DuckDB builds a hash join's table on its right side, the side it estimates smaller:
+    # built on the engine legs (twice the requests), a 100M-request case ran out of memory
+    # under the cap where the requests side spills. Estimates follow the tables' sizes, so the
+    # case is a million requests, made in SQL.
+    import json
+
+    from forensics.detect import bind
+    from forensics.detectors import load_detectors
+
+    case, con = _case(tmp_path)
+    con.execute(
+        "INSERT INTO requests (request_id, tenant_id, received_at, prompt_tokens, http_status, "
+        "bootstrap_room, evidence_id, source_row) SELECT 'c' || i, 't' || (i % 500), "
+        "TIMESTAMPTZ '2026-08-28 00:00:00+00' + to_microseconds(i * 1000), 1000 + i % 5000, "
+        "200, i::VARCHAR, 1, i FROM range(1000000) t(i)"
+    )
+    con.execute(
+        "INSERT INTO engine_legs (request_id, role, node, started_at, input_tokens, "
+        "transferred_tokens, reserved_tokens, bootstrap_room, evidence_id, source_row) "
+        "SELECT 'c' || i, role, 'n' || (i % 64), "
+        "TIMESTAMPTZ '2026-08-28 00:00:00+00' + to_microseconds(i * 1000), 1000 + i % 5000, "
+        "1000 + i % 5000, 1000 + i % 5000, i::VARCHAR, 2, i "
+        "FROM range(1000000) t(i), (VALUES ('prefill'), ('decode')) r(role)"
+    )
+    params = case_parameters(case)
+    prepare(con, params)
+    det = next(d for d in load_detectors() if d.id == "token_mismatch")
+    sql = det.sql.rstrip().rstrip(";")
+    for name, value in bind(det, params).items():
+        sql = sql.replace(f"${name}", repr(value))
+    plan = json.loads(con.execute(f"EXPLAIN (FORMAT json) {sql}").fetchall()[0][1])
+    probe, build = _top_join(plan[0])["children"]
+    assert "requests" in _scans(build) and "engine_legs" not in _scans(build)
+    assert "engine_legs" in _scans(probe)

@@ -82,6 +82,7 @@ SELECT client_request_id AS request_id,
        bool_or(role IN ('prefill', 'unified')) AS prefill,
        bool_or(role IN ('decode', 'unified')) AS decode
 FROM client_legs
+WHERE client_request_id IS NOT NULL
 GROUP BY client_request_id;
 
 INSERT INTO findings_coverage

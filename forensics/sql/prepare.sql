@@ -131,7 +131,9 @@ LEFT JOIN decode d USING (engine_key)
 LEFT JOIN prefill p USING (engine_key)
 LEFT JOIN labels g USING (engine_key);
 
--- Legs matched to their request: the client's, else the engine request standing in for it.
+-- Legs matched to their request: the client's, else the engine request standing in for it
+-- (an engine request's legs come once more from client_legs with no client request: every
+-- reader joins on client_request_id or asks for given ones, which leaves those out).
 -- A view: copying every client leg again would cost more than reading them twice.
 CREATE OR REPLACE TEMP VIEW matched_legs AS
 SELECT * FROM client_legs

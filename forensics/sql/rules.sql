@@ -48,11 +48,18 @@ LEFT JOIN (SELECT request_id, bootstrap_room FROM requests
            WHERE bootstrap_room IN (SELECT bootstrap_room FROM unmatched)) by_room
   ON u.bootstrap_room = by_room.bootstrap_room;
 
--- Engine legs matched to the client request they belong to: by request id, else by the PD
--- bootstrap room (prefill and decode may log different rids for one request). `unmatched`
+-- Every engine leg with the client request it belongs to: by request id, else by the PD
+-- bootstrap room (prefill and decode may log different rids for one request); NULL when
+-- neither names one (the leg of an engine request with no client record: engine_requests).
+-- A join on client_request_id leaves those out; a reader that does not join must. `unmatched`
 -- names a table holding unmatched_legs() (detection keeps one; every reader shares it).
+-- No filter here: DuckDB estimated the legs left by one at a few per cent of them, and a join
+-- of the legs to the requests then built its hash table on the legs (at 100M requests, 200M
+-- legs: out of memory under the 2 GB cap, where the requests side spills). Unfiltered, the
+-- legs are estimated at what they are, more than the requests.
 CREATE OR REPLACE TEMP MACRO legs_of_clients(unmatched) AS TABLE
-SELECT coalesce(x.client_request_id, l.request_id) AS client_request_id, l.*
+SELECT CASE WHEN x.leg_row IS NULL THEN l.request_id ELSE x.client_request_id END
+         AS client_request_id,
+       l.*
 FROM engine_legs l
-LEFT JOIN query_table(unmatched) x ON l.rowid = x.leg_row
-WHERE x.leg_row IS NULL OR x.client_request_id IS NOT NULL;
+LEFT JOIN query_table(unmatched) x ON l.rowid = x.leg_row;
