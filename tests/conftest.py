@@ -49,3 +49,21 @@ def tiny_reference(tmp_path_factory) -> Path:
         os.umask(previous)
     assert result.exit_code == 0, result.output
     return target / "case.toml"
+
+
+@pytest.fixture
+def batches(monkeypatch) -> list[int]:
+    """The size of every batch of files ingest tried to load in one statement: positive when
+    it loaded, negative when it was undone."""
+    import forensics.ingest as ingest
+
+    seen: list[int] = []
+    real = ingest._load_batch
+
+    def spy(con, batch, progress):
+        loaded, alone = real(con, batch, progress)
+        seen.append(len(batch) if loaded is not None else -len(batch))
+        return loaded, alone
+
+    monkeypatch.setattr(ingest, "_load_batch", spy)
+    return seen

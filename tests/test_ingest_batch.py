@@ -13,7 +13,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import forensics.ingest as ingest
 from forensics.db import connect
 from forensics.ingest import ingest_file, ingest_paths
 
@@ -72,21 +71,6 @@ def _tables(db: Path) -> dict[str, list[tuple]]:
         }
     finally:
         con.close()
-
-
-@pytest.fixture
-def batches(monkeypatch) -> list[int]:
-    """The size of every batch tried, and whether it loaded."""
-    seen: list[int] = []
-    real = ingest._load_batch
-
-    def spy(con, batch, progress):
-        loaded, alone = real(con, batch, progress)
-        seen.append(len(batch) if loaded is not None else -len(batch))
-        return loaded, alone
-
-    monkeypatch.setattr(ingest, "_load_batch", spy)
-    return seen
 
 
 def test_a_batch_loads_what_loading_file_by_file_loads(tmp_path, batches):

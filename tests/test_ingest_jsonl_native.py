@@ -11,7 +11,6 @@ from pathlib import Path
 import duckdb
 import pytest
 
-import forensics.ingest as ingest
 from forensics import schema
 from forensics.db import connect
 from forensics.ingest import ingest_file, ingest_paths
@@ -76,21 +75,6 @@ def _line_by_line(db: Path, files: list[Path]) -> dict[str, list[tuple]]:
         ingest_file(con, path, "requests")
     con.close()
     return _tables(db)
-
-
-@pytest.fixture
-def batches(monkeypatch) -> list[int]:
-    """The size of every batch tried: positive when it loaded, negative when it was undone."""
-    seen: list[int] = []
-    real = ingest._load_batch
-
-    def spy(con, batch, progress):
-        loaded, alone = real(con, batch, progress)
-        seen.append(len(batch) if loaded is not None else -len(batch))
-        return loaded, alone
-
-    monkeypatch.setattr(ingest, "_load_batch", spy)
-    return seen
 
 
 def test_clean_files_load_by_duckdbs_reader_exactly_as_line_by_line(tmp_path, batches):
