@@ -232,6 +232,7 @@ def attribute(
         ).fetchall()
     ]
     if not victims:
+        drop_working_tables(con)
         return result
     statuses: list[AttributionStatus] = []
     no_node = [v for v in victims if v.node is None and v.decode_node is None]
@@ -373,7 +374,27 @@ def attribute(
             "SELECT method, count(*) FROM findings_exposures GROUP BY method ORDER BY method"
         ).fetchall()
     )
+    drop_working_tables(con)
     return result
+
+
+# Attribution's working tables. The decode timeline holds a row for every request that held
+# decode pages: at 100M requests it is larger than the memory limit and sits in spill files
+# that the later steps need for their own spill.
+WORKING_TABLES = (
+    "decode_timeline",
+    "replay_timelines",
+    "temporal_victims",
+    "temporal_recent",
+    "temporal_older",
+    "excluded_names",
+)
+
+
+def drop_working_tables(con) -> None:
+    """Drop attribution's working tables once the findings hold what they found."""
+    for table in WORKING_TABLES:
+        con.execute(f"DROP TABLE IF EXISTS {table}")
 
 
 def _choose_methods(

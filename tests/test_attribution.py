@@ -161,6 +161,19 @@ def test_allocator_replay_names_every_writer_and_the_repeat_leak(tmp_path):
     ]
 
 
+@pytest.mark.parametrize("decode_snapshot", [True, False], ids=["replay", "temporal"])
+def test_attribution_leaves_no_working_table_behind(tmp_path, decode_snapshot):
+    # The decode timeline is as long as the traffic: left in place, it holds spill space the
+    # steps after attribution need.
+    from forensics.attribution import WORKING_TABLES
+
+    case, con = build_case(tmp_path, decode_snapshot=decode_snapshot)
+    detect_case(con, case)
+    assert con.execute("SELECT count(*) FROM findings_exposures").fetchone()[0] > 0
+    left = con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall()
+    assert not {t for (t,) in left} & set(WORKING_TABLES)
+
+
 def test_allocation_log_is_used_when_present(tmp_path):
     def run(rid, at, op, first, count):
         return {
