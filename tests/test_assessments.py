@@ -200,6 +200,17 @@ def test_coverage_reports_holes_not_quiet_hours_and_one_sided_requests(tmp_path)
     assert (stated["holes"], stated["client_only"], stated["engine_only"]) == (2, 2, 1)
 
 
+def test_coverage_without_engine_logs_counts_no_request_as_missing_its_legs(tmp_path):
+    """With no engine log loaded at all, no request is one-sided: there is no engine side to
+    miss it, and coverage counts no client_only or missing-leg rows."""
+    case, con = _case(tmp_path)
+    insert_rows(con, "requests", [_req("a", "t1", 0, 1000), _req("b", "t1", 1, 1000)])
+    detect_case(con, case)
+    scopes = {r[0] for r in con.execute("SELECT scope FROM findings_coverage").fetchall()}
+    assert scopes == {"requests"}
+    assert con.execute("SELECT count(*) FROM coverage_missing_legs").fetchone() == (0,)
+
+
 def test_coverage_states_a_node_whose_whole_log_is_missing(tmp_path):
     """A decode node's log left out entirely has no silence to find: its requests still have
     their prefill legs, so only the legs missing on the node they were routed to tell."""

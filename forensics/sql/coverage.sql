@@ -5,7 +5,10 @@
 -- $gap_s in one record while the other record shows work there: client requests routed to a
 -- node whose engine log says nothing, or engine work while the client log says nothing (a
 -- minute's slack each side: an engine leg starts a little after its client request).
-CREATE OR REPLACE TEMP TABLE coverage_series AS
+--
+-- Nothing here copies a row per request or leg: at a hundred million requests such a copy
+-- outgrows memory and fills the disk with spill. Each series is read and grouped as it streams.
+CREATE OR REPLACE TEMP VIEW coverage_series AS
 SELECT 'requests' AS scope, NULL::VARCHAR AS node, received_at AS "at" FROM scoped_requests
 UNION ALL
 SELECT 'engine_legs:' || l.role, l.node, l.started_at
@@ -13,35 +16,28 @@ FROM engine_legs l, detect_params p
 WHERE (p.start_at IS NULL OR l.started_at >= p.start_at)
   AND (p.end_at IS NULL OR l.started_at <= p.end_at);
 
+-- Each series' rows by bucket of whole milliseconds no wider than $gap_s (rows with no time in
+-- a bucket of their own): rows in one bucket are closer than $gap_s, so a longer silence runs
+-- from the last row of one occupied bucket to the first of the next, and ordering the occupied
+-- buckets, not every row, finds each one. The per-series counts and spans add up from here.
+CREATE OR REPLACE TEMP TABLE coverage_buckets AS
+SELECT scope, node, count(*) AS n, min("at") AS first_at, max("at") AS last_at
+FROM coverage_series
+GROUP BY scope, node, floor(epoch_ms("at") / greatest(floor($gap_s * 1000), 1));
+
 -- Silences long enough to matter, with the span inside them where the other side's work
--- would show (a minute's slack at each end). Rows in one bucket of whole milliseconds no wider
--- than $gap_s are closer than $gap_s, so a longer silence runs from the last row of one occupied
--- bucket to the first of the next: ordering the occupied buckets, not every row, finds each one.
+-- would show (a minute's slack at each end).
 CREATE OR REPLACE TEMP TABLE coverage_candidates AS
-WITH occupied AS (
-  SELECT scope, node, min("at") AS first_at, max("at") AS last_at
-  FROM coverage_series
-  WHERE "at" IS NOT NULL
-  GROUP BY scope, node, floor(epoch_ms("at") / greatest(floor($gap_s * 1000), 1))
-)
 SELECT scope, node, from_at, to_at,
        date_diff('millisecond', from_at, to_at) / 1000.0 AS gap_s,
        from_at + INTERVAL 1 MINUTE AS lo, to_at - INTERVAL 1 MINUTE AS hi
 FROM (
   SELECT scope, node, lag(last_at) OVER (PARTITION BY scope, node ORDER BY first_at) AS from_at,
          first_at AS to_at
-  FROM occupied
+  FROM coverage_buckets
+  WHERE first_at IS NOT NULL
 )
 WHERE date_diff('millisecond', from_at, to_at) / 1000.0 > $gap_s;
-
--- The other side's work, per node: client requests routed to it (prefill or decode).
-CREATE OR REPLACE TEMP TABLE coverage_node_work AS
-SELECT prefill_node AS node, received_at AS "at" FROM scoped_requests
-WHERE prefill_node IS NOT NULL AND received_at IS NOT NULL
-UNION ALL
-SELECT decode_node, received_at FROM scoped_requests
-WHERE decode_node IS NOT NULL AND received_at IS NOT NULL
-  AND decode_node IS DISTINCT FROM prefill_node;
 
 -- A silence is a hole when the first piece of the other side's work after its start falls
 -- before its end: one as-of join per side, whatever the number of silences.
@@ -54,62 +50,74 @@ WHERE w."at" < c.hi
 UNION ALL
 SELECT c.scope, c.node, c.from_at, c.to_at, c.gap_s
 FROM (SELECT * FROM coverage_candidates WHERE scope <> 'requests') c
-ASOF JOIN coverage_node_work w ON c.node = w.node AND c.lo < w."at"
+ASOF JOIN (
+  -- The other side's work, per node: client requests routed to it (prefill or decode).
+  SELECT prefill_node AS node, received_at AS "at" FROM scoped_requests
+  WHERE prefill_node IS NOT NULL AND received_at IS NOT NULL
+  UNION ALL
+  SELECT decode_node, received_at FROM scoped_requests
+  WHERE decode_node IS NOT NULL AND received_at IS NOT NULL
+    AND decode_node IS DISTINCT FROM prefill_node
+) w ON c.node = w.node AND c.lo < w."at"
 WHERE w."at" < c.hi;
 
 INSERT INTO findings_coverage
-SELECT c.scope, c.node, count(*), min(c."at"), max(c."at"),
+SELECT c.scope, c.node, sum(c.n)::BIGINT, min(c.first_at), max(c.last_at),
        coalesce(any_value(h.holes), 0), coalesce(any_value(h.largest), 0),
        CASE WHEN coalesce(any_value(h.holes), 0) = 0
             THEN format('{} rows; no silence over {} s while the other side shows work',
-                        count(*), $gap_s)
+                        sum(c.n)::BIGINT, $gap_s)
             ELSE format('{} rows; {} silences over {} s while the other side shows work,'
-                        || ' longest from {} to {}', count(*), any_value(h.holes), $gap_s,
+                        || ' longest from {} to {}', sum(c.n)::BIGINT, any_value(h.holes), $gap_s,
                         strftime(any_value(h.longest_from), '%Y-%m-%dT%H:%M:%SZ'),
                         strftime(any_value(h.longest_to), '%Y-%m-%dT%H:%M:%SZ'))
        END
-FROM coverage_series c
+FROM coverage_buckets c
 LEFT JOIN (SELECT scope, node, count(*) AS holes, max(gap_s) AS largest,
                   arg_max(from_at, gap_s) AS longest_from, arg_max(to_at, gap_s) AS longest_to
            FROM coverage_holes GROUP BY scope, node) h
   ON h.scope = c.scope AND h.node IS NOT DISTINCT FROM c.node
 GROUP BY c.scope, c.node;
 
--- Per client request with engine legs: whether one of them is a prefill leg, a decode leg
--- (a unified leg is both). Both checks below read this, not the legs.
-CREATE OR REPLACE TEMP TABLE coverage_logged AS
-SELECT client_request_id AS request_id,
-       bool_or(role IN ('prefill', 'unified')) AS prefill,
-       bool_or(role IN ('decode', 'unified')) AS decode
-FROM client_legs
-WHERE client_request_id IS NOT NULL
-GROUP BY client_request_id;
+-- Successful requests in scope that lack an engine leg: any at all (client_only), or the
+-- prefill or decode leg of the node their client record names (leg_missing). The legs are
+-- grouped per request as they stream; only the requests that lack one are kept. With no engine
+-- log loaded at all, nothing is missing from it: coverage says so on its own.
+CREATE OR REPLACE TEMP TABLE coverage_unlogged AS
+WITH logged AS (
+  SELECT client_request_id AS request_id,
+         bool_or(role IN ('prefill', 'unified')) AS prefill,
+         bool_or(role IN ('decode', 'unified')) AS decode
+  FROM client_legs
+  WHERE client_request_id IS NOT NULL
+  GROUP BY client_request_id
+)
+SELECT r.request_id, r.received_at, r.prefill_node, r.decode_node,
+       g.request_id IS NOT NULL AS logged, g.prefill, g.decode
+FROM scoped_requests r
+LEFT JOIN logged g ON g.request_id = r.request_id
+WHERE r.http_status BETWEEN 200 AND 299
+  AND (g.request_id IS NULL
+       OR (r.prefill_node IS NOT NULL AND NOT g.prefill)
+       OR (r.decode_node IS NOT NULL AND NOT g.decode))
+  AND EXISTS (SELECT 1 FROM engine_legs);
 
 INSERT INTO findings_coverage
-SELECT 'client_only', r.prefill_node, count(*), min(r.received_at), max(r.received_at), 0, 0,
+SELECT 'client_only', prefill_node, count(*), min(received_at), max(received_at), 0, 0,
        format('{} successful requests with no engine leg (engine logs missing for them)',
               count(*))
-FROM scoped_requests r
-WHERE r.http_status BETWEEN 200 AND 299
-  AND (SELECT count(*) FROM engine_legs) > 0
-  AND r.request_id NOT IN (SELECT request_id FROM coverage_logged)
-GROUP BY r.prefill_node;
+FROM coverage_unlogged
+WHERE NOT logged
+GROUP BY prefill_node;
 
 -- Requests with engine legs, but not on a node the client log says they were routed to: that
 -- node's log is missing for them (a whole node's log left out shows here, as no silence can).
 CREATE OR REPLACE TEMP TABLE coverage_missing_legs AS
-WITH missing AS (
-  SELECT r.request_id, r.received_at, r.prefill_node, r.decode_node, g.prefill, g.decode
-  FROM scoped_requests r JOIN coverage_logged g USING (request_id)
-  WHERE r.http_status BETWEEN 200 AND 299
-    AND ((r.prefill_node IS NOT NULL AND NOT g.prefill)
-         OR (r.decode_node IS NOT NULL AND NOT g.decode))
-)
-SELECT request_id, 'prefill' AS role, prefill_node AS node, received_at FROM missing
-WHERE prefill_node IS NOT NULL AND NOT prefill
+SELECT request_id, 'prefill' AS role, prefill_node AS node, received_at FROM coverage_unlogged
+WHERE logged AND prefill_node IS NOT NULL AND NOT prefill
 UNION ALL
-SELECT request_id, 'decode', decode_node, received_at FROM missing
-WHERE decode_node IS NOT NULL AND NOT decode;
+SELECT request_id, 'decode', decode_node, received_at FROM coverage_unlogged
+WHERE logged AND decode_node IS NOT NULL AND NOT decode;
 
 -- Without a client record nothing says where an engine request was routed, but in PD a
 -- prefill that completed hands the request to a decode node, which logs a leg of its own. A
