@@ -438,10 +438,6 @@ _OF_RANKS = """JOIN (SELECT UNNEST($ranks, recursive := true)) g
                  ON g.node = t.node AND g.dp_rank IS NOT DISTINCT FROM t.dp_rank"""
 
 
-def _ranks_param(ranks: list[tuple[str, int | None]]) -> dict[str, Any]:
-    return {"ranks": [{"node": n, "dp_rank": r} for n, r in ranks]}
-
-
 class _RankSpan(NamedTuple):
     """Where one rank's rows sit in ``replay_sorted``: row ids ``first`` to ``first + rows - 1``."""
 
@@ -459,14 +455,17 @@ def _sort_replayed(
     every rank with rows, in table order; a rank with none is left out."""
     if not ranks:
         return []
-    # Only what the replay reads: a narrower copy sorts and spills less.
+    # Only what the replay reads: a narrower copy sorts and spills less. The ranks are sorted
+    # here (node, then rank, none first) and the rows by each rank's place in that order, an
+    # integer: sorting on the node's name took a third longer at 8M requests.
+    ordered = sorted(ranks, key=lambda k: (k[0], k[1] is not None, k[1] or 0))
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE replay_sorted AS
            SELECT t.node, t.dp_rank, t.alloc_at, {_TIMELINE_COLUMNS}
            FROM decode_timeline t {_OF_RANKS}
            WHERE t.alloc_at IS NOT NULL
-           ORDER BY t.node, t.dp_rank NULLS FIRST, t.alloc_at, t.request_id""",
-        _ranks_param(ranks),
+           ORDER BY g.place, t.alloc_at, t.request_id""",
+        {"ranks": [{"node": n, "dp_rank": r, "place": i} for i, (n, r) in enumerate(ordered)]},
     )
     return [
         _RankSpan((node, rank), first, n)
