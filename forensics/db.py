@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 from forensics.case import check_memory_limit
 from forensics.errors import ForensicsError, ResourceError
-from forensics.schema import all_ddl
-from forensics.sql import run_sql_file
+from forensics.schema import FINDINGS_DDL, SCOPE_DDL, all_ddl
+from forensics.sql import run_sql_file, scalar
 from forensics.verdicts import vocabulary_macros
 
 if TYPE_CHECKING:
@@ -130,6 +130,36 @@ def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
         con.execute("ROLLBACK")
         raise
     con.execute("COMMIT")
+
+
+def publish_findings(con: duckdb.DuckDBPyConnection) -> None:
+    """Copy the findings and scope detection wrote (temporary tables of ``con``) into the case
+    database in one transaction, replacing the previous ones whole; a scope table detection
+    did not write is dropped (it described earlier findings). The temporary tables go after.
+
+    Raises:
+        RuntimeError: detection has not written its findings on this connection.
+    """
+    staged = {
+        r[0]
+        for r in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = 'temp'"
+        ).fetchall()
+    }
+    missing = sorted(set(FINDINGS_DDL) - staged)
+    if missing:  # nothing to publish: replacing the findings now would erase them
+        raise RuntimeError(f"no findings to publish ({', '.join(missing)} not written)")
+    name = scalar(con, "SELECT current_database()")
+    # Qualified by database: `main.findings_x` would name the temporary table.
+    database = '"' + name.replace('"', '""') + '"'
+    with transaction(con):
+        for table in [*FINDINGS_DDL, *SCOPE_DDL]:
+            if table in staged:
+                con.execute(f"CREATE OR REPLACE TABLE {database}.main.{table} AS FROM temp.{table}")
+            else:
+                con.execute(f"DROP TABLE IF EXISTS {database}.main.{table}")
+    for table in staged & {*FINDINGS_DDL, *SCOPE_DDL}:
+        con.execute(f"DROP TABLE temp.{table}")
 
 
 def open_case(case_path: str | Path, memory_limit: str | None = None, *, read_only: bool = False):

@@ -222,7 +222,7 @@ def detect_case(
         con.execute(ddl)
     # A scope computed from earlier findings no longer holds: scoping writes it anew.
     for table in SCOPE_DDL:
-        con.execute(f"DROP TABLE IF EXISTS {table}")
+        con.execute(f"DROP TABLE IF EXISTS temp.{table}")
     params = case_parameters(case)
     step("Preparing the working views")
     prepare(con, params, model=case.model, start=case.start, end=case.end)

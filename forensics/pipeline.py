@@ -44,25 +44,29 @@ class RunResult:
 def detect_and_scope(
     con: duckdb.DuckDBPyConnection, case: Case, progress: StepProgress | None = None
 ) -> tuple[DetectSummary, Scope]:
-    """Detect, then decide who is notified, as one transaction.
+    """Detect, then decide who is notified, and publish both at once.
 
-    Findings and scope are replaced whole or not at all: a detection that is killed or fails
-    leaves the previous findings and scope, which a report can still read.
+    Findings and scope are replaced whole or not at all: they are written as temporary tables
+    and published in one transaction at the end (``db.publish_findings``), so a detection
+    that is killed or fails leaves the previous findings and scope, which a report can still
+    read.
     """
-    from forensics.db import transaction
+    from forensics.db import publish_findings
     from forensics.detect import detect_case
     from forensics.scope import scope_case
 
-    with transaction(con):
-        if case.engine.name == "spark":
-            from forensics.spark import detect_on_spark
+    if case.engine.name == "spark":
+        from forensics.spark import detect_on_spark
 
-            detected = detect_on_spark(con, case, progress=progress)
-        else:
-            detected = detect_case(con, case, progress=progress)
-        if progress:
-            progress("Scoping notifications", 0, 0)
-        scope = scope_case(con, case)
+        detected = detect_on_spark(con, case, progress=progress)
+    else:
+        detected = detect_case(con, case, progress=progress)
+    if progress:
+        progress("Scoping notifications", 0, 0)
+    scope = scope_case(con, case)
+    if progress:
+        progress("Writing the findings", 0, 0)
+    publish_findings(con)
     return detected, scope
 
 

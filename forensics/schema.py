@@ -279,24 +279,30 @@ def all_ddl() -> list[str]:
 # Findings: what detection writes and scoping/reporting read. Detection replaces these tables
 # whole on every run, so a finding never outlives the evidence it came from.
 # ``evidence`` columns hold a JSON list of {"table", "evidence_id", "source_row"} pointers.
+#
+# Detection writes them as temporary tables of its own connection, which shadow the database's
+# tables of the same names there, and db.publish_findings() copies them into the database in
+# one short transaction: a detection killed or failed leaves the previous findings whole, yet
+# runs outside a transaction. Inside one, DuckDB keeps every working table that detection
+# creates, replaces and drops until the commit: at 100M requests those filled the disk.
 FINDINGS_DDL = {
     # One row per detector per run: what ran, with which parameters, and how many hits.
-    "findings_detectors": """CREATE OR REPLACE TABLE findings_detectors (
+    "findings_detectors": """CREATE OR REPLACE TEMP TABLE findings_detectors (
   detector_id VARCHAR, title VARCHAR, severity VARCHAR, description VARCHAR,
   parameters JSON, hits BIGINT, ordinal INTEGER)""",
     # One row per (request, signal) a detector raised.
-    "findings_signals": """CREATE OR REPLACE TABLE findings_signals (
+    "findings_signals": """CREATE OR REPLACE TEMP TABLE findings_signals (
   request_id VARCHAR, signal VARCHAR, detector_id VARCHAR, value DOUBLE, threshold DOUBLE,
   detail VARCHAR, evidence JSON)""",
     # One row per request with a verdict (confirmed | likely | possible).
-    "findings_affected": """CREATE OR REPLACE TABLE findings_affected (
+    "findings_affected": """CREATE OR REPLACE TEMP TABLE findings_affected (
   request_id VARCHAR, tenant_id VARCHAR, received_at TIMESTAMPTZ, prompt_tokens BIGINT,
   threshold_tokens BIGINT, verdict VARCHAR, signals VARCHAR, model VARCHAR,
   prefill_node VARCHAR, decode_node VARCHAR, dp_rank BIGINT, excluded_by VARCHAR,
   evidence JSON, note VARCHAR)""",
     # Whose KV each affected response read. method: allocation_log | allocator_replay |
     # temporal; confidence: exact | high | low. rank orders temporal candidates (1 = newest).
-    "findings_exposures": """CREATE OR REPLACE TABLE findings_exposures (
+    "findings_exposures": """CREATE OR REPLACE TEMP TABLE findings_exposures (
   recipient_request_id VARCHAR, recipient_tenant_id VARCHAR, source_request_id VARCHAR,
   source_tenant_id VARCHAR, method VARCHAR, tokens BIGINT, confidence VARCHAR,
   rank INTEGER, source_released_at TIMESTAMPTZ, recipient_excluded_by VARCHAR,
@@ -305,41 +311,41 @@ FINDINGS_DDL = {
     # (every stale page's writer named), partial (some pages' writers precede the logs),
     # approximate (the replay had drifted: candidates added), candidates (temporal only),
     # none (no decode node or allocation found).
-    "findings_attribution": """CREATE OR REPLACE TABLE findings_attribution (
+    "findings_attribution": """CREATE OR REPLACE TEMP TABLE findings_attribution (
   recipient_request_id VARCHAR, node VARCHAR, dp_rank BIGINT, method VARCHAR, status VARCHAR,
   unknown_pages BIGINT, note VARCHAR)""",
     # Per request: which exclusion rules matched it (a request may match several).
-    "findings_excluded": """CREATE OR REPLACE TABLE findings_excluded (
+    "findings_excluded": """CREATE OR REPLACE TEMP TABLE findings_excluded (
   request_id VARCHAR, tenant_id VARCHAR, exclusion VARCHAR)""",
     # One row per exclusion rule with how much it matched.
-    "findings_exclusions": """CREATE OR REPLACE TABLE findings_exclusions (
+    "findings_exclusions": """CREATE OR REPLACE TEMP TABLE findings_exclusions (
   name VARCHAR, reason VARCHAR, rule VARCHAR, requests_matched BIGINT,
   affected_matched BIGINT, tenants_matched BIGINT, ordinal INTEGER)""",
     # Exploitation assessment per recipient tenant.
-    "findings_exploitation": """CREATE OR REPLACE TABLE findings_exploitation (
+    "findings_exploitation": """CREATE OR REPLACE TEMP TABLE findings_exploitation (
   tenant_id VARCHAR, score DOUBLE, level VARCHAR, reasons JSON, over_threshold_attempts BIGINT,
   affected_responses BIGINT, excluded_by VARCHAR)""",
     # Log coverage: per node and side, what the evidence spans and where it has holes.
-    "findings_coverage": """CREATE OR REPLACE TABLE findings_coverage (
+    "findings_coverage": """CREATE OR REPLACE TEMP TABLE findings_coverage (
   scope VARCHAR, node VARCHAR, rows BIGINT, first_at TIMESTAMPTZ, last_at TIMESTAMPTZ,
   gap_count BIGINT, largest_gap_s DOUBLE, detail VARCHAR)""",
     # Case-level statements (key -> JSON value): exploitation conclusion, methods used, etc.
-    "findings_case": """CREATE OR REPLACE TABLE findings_case (key VARCHAR, value JSON)""",
+    "findings_case": """CREATE OR REPLACE TEMP TABLE findings_case (key VARCHAR, value JSON)""",
     # Warnings a reader must see (missing evidence kinds, fallbacks to weaker methods).
-    "findings_warnings": """CREATE OR REPLACE TABLE findings_warnings (
+    "findings_warnings": """CREATE OR REPLACE TEMP TABLE findings_warnings (
   code VARCHAR, message VARCHAR)""",
 }
 
-# Scope: who is notified and who is reviewed, written by scoping right after detection (in
-# the same transaction) and read by the report. Detection drops them, so a scope never
+# Scope: who is notified and who is reviewed, written by scoping right after detection (and
+# published with its findings) and read by the report. Detection drops them, so a scope never
 # outlives the findings it was computed from.
 SCOPE_DDL = {
     # One row per notified (tenant, role): recipient or source.
-    "findings_notifications": """CREATE OR REPLACE TABLE findings_notifications (
+    "findings_notifications": """CREATE OR REPLACE TEMP TABLE findings_notifications (
   tenant_id VARCHAR, role VARCHAR, responses BIGINT, first_at TIMESTAMPTZ,
   last_at TIMESTAMPTZ, confidence VARCHAR)""",
     # Candidates a person decides on: not notified, with the reason and the evidence.
-    "findings_review": """CREATE OR REPLACE TABLE findings_review (
+    "findings_review": """CREATE OR REPLACE TEMP TABLE findings_review (
   tenant_id VARCHAR, role VARCHAR, responses BIGINT, first_at TIMESTAMPTZ,
   last_at TIMESTAMPTZ, confidence VARCHAR, reason VARCHAR, evidence VARCHAR)""",
 }

@@ -126,7 +126,7 @@ def detect_on_spark(
         for ddl in FINDINGS_DDL.values():
             con.execute(ddl)
         for table in SCOPE_DDL:
-            con.execute(f"DROP TABLE IF EXISTS {table}")
+            con.execute(f"DROP TABLE IF EXISTS temp.{table}")
         ws.copy_findings(con, list(FINDINGS_DDL))
         # The report says where detection ran (a DuckDB detection has no such row).
         con.execute(

@@ -269,6 +269,34 @@ def same_report(folder: Path, reference: Path) -> bool:
     return got == want and manifests[0] == manifests[1]
 
 
+@pytest.mark.parametrize("target", ["forensics.coverage:assess", "forensics.db:publish_findings"])
+def test_a_detection_killed_leaves_the_previous_findings_whole(tmp_path, tiny_reference, target):
+    # Detection writes temporary tables and publishes them in one transaction at the end: a
+    # kill before the publish, mid-detection or just before it, leaves the findings and scope
+    # of the run before, which a report still reads.
+    case = copy_case(tmp_path, "again")
+    assert runner.invoke(app, ["run", str(case)]).exit_code == 0
+    killed = child(target, "before", 1, "detect", str(case))
+    assert killed.returncode == -signal.SIGKILL
+    report = runner.invoke(app, ["report", str(case), "--out", str(tmp_path / "after")])
+    assert report.exit_code == 0, report.output
+    assert same_report(tmp_path / "after", tiny_reference.parent / "report")
+
+
+def test_publishing_before_detection_wrote_anything_is_refused(tmp_path, tiny_reference):
+    from forensics.db import connect, publish_findings
+
+    case = copy_case(tmp_path, "unstaged")
+    assert runner.invoke(app, ["run", str(case)]).exit_code == 0
+    con = connect(case.parent / "case.duckdb")
+    before = con.execute("SELECT count(*) FROM findings_affected").fetchone()
+    with pytest.raises(RuntimeError, match="no findings to publish"):
+        publish_findings(con)
+    assert con.execute("SELECT count(*) FROM findings_affected").fetchone() == before
+    assert before[0] > 0
+    con.close()
+
+
 def test_detection_under_a_memory_limit(tmp_path, tiny_reference):
     reference = tiny_reference
     case = copy_case(tmp_path, "limited")

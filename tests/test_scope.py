@@ -103,7 +103,7 @@ def test_missing_findings_is_a_clear_error(tmp_path):
 
 
 def test_source_confidence_is_the_best_attribution_in_full_order(tmp_path):
-    from forensics.db import connect
+    from forensics.db import connect, publish_findings
     from forensics.schema import FINDINGS_DDL
 
     con = connect(tmp_path / "c.duckdb")
@@ -138,5 +138,7 @@ def test_source_confidence_is_the_best_attribution_in_full_order(tmp_path):
         " source_request_id, source_tenant_id, method, tokens, confidence)"
         " VALUES ('v', 'tv', 's1', 't1', 'temporal', 64, 'very_low')"
     )
-    rows = notice_context(con, scope_case(con), "t1")["source"]["requests"]
+    scope = scope_case(con)
+    publish_findings(con)  # as detection does: the notices read the published findings
+    rows = notice_context(con, scope, "t1")["source"]["requests"]
     assert [(r["request_id"], r["confidence"]) for r in rows] == [("s1", "medium")]
