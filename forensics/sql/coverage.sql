@@ -80,27 +80,38 @@ LEFT JOIN (SELECT scope, node, count(*) AS holes, max(gap_s) AS largest,
 GROUP BY c.scope, c.node;
 
 -- Successful requests in scope that lack an engine leg: any at all (client_only), or the
--- prefill or decode leg of the node their client record names (leg_missing). The legs are
--- grouped per request as they stream; only the requests that lack one are kept. With no engine
--- log loaded at all, nothing is missing from it: coverage says so on its own.
+-- prefill or decode leg of the node their client record names (leg_missing). Each side is a
+-- membership test against the legs, as the requests stream, and only the requests that lack
+-- one are kept: grouping the legs by request id instead (100M groups of strings at 100M
+-- requests) ran out of memory under the 2 GB cap. A leg of another role (neither prefill,
+-- decode nor unified) still shows the request was logged. With no engine log loaded at all,
+-- nothing is missing from it: coverage says so on its own.
 CREATE OR REPLACE TEMP TABLE coverage_unlogged AS
-WITH logged AS (
-  SELECT client_request_id AS request_id,
-         bool_or(role IN ('prefill', 'unified')) AS prefill,
-         bool_or(role IN ('decode', 'unified')) AS decode
-  FROM client_legs
-  WHERE client_request_id IS NOT NULL
-  GROUP BY client_request_id
+WITH sides AS (
+  SELECT r.request_id, r.received_at, r.prefill_node, r.decode_node,
+         r.request_id IN (SELECT client_request_id FROM client_legs
+                          WHERE client_request_id IS NOT NULL
+                            AND role IN ('prefill', 'unified')) AS prefill,
+         r.request_id IN (SELECT client_request_id FROM client_legs
+                          WHERE client_request_id IS NOT NULL
+                            AND role IN ('decode', 'unified')) AS decode
+  FROM scoped_requests r
+  WHERE r.http_status BETWEEN 200 AND 299
+    AND EXISTS (SELECT 1 FROM engine_legs)
+),
+lacking AS (
+  SELECT * FROM sides
+  WHERE NOT (prefill OR decode)
+     OR (prefill_node IS NOT NULL AND NOT prefill)
+     OR (decode_node IS NOT NULL AND NOT decode)
 )
-SELECT r.request_id, r.received_at, r.prefill_node, r.decode_node,
-       g.request_id IS NOT NULL AS logged, g.prefill, g.decode
-FROM scoped_requests r
-LEFT JOIN logged g ON g.request_id = r.request_id
-WHERE r.http_status BETWEEN 200 AND 299
-  AND (g.request_id IS NULL
-       OR (r.prefill_node IS NOT NULL AND NOT g.prefill)
-       OR (r.decode_node IS NOT NULL AND NOT g.decode))
-  AND EXISTS (SELECT 1 FROM engine_legs);
+SELECT request_id, received_at, prefill_node, decode_node,
+       prefill OR decode
+         OR request_id IN (SELECT client_request_id FROM client_legs
+                           WHERE client_request_id IS NOT NULL
+                             AND role NOT IN ('prefill', 'decode', 'unified')) AS logged,
+       prefill, decode
+FROM lacking;
 
 INSERT INTO findings_coverage
 SELECT 'client_only', prefill_node, count(*), min(received_at), max(received_at), 0, 0,
