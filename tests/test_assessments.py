@@ -211,12 +211,9 @@ def test_coverage_without_engine_logs_counts_no_request_as_missing_its_legs(tmp_
     assert con.execute("SELECT count(*) FROM coverage_missing_legs").fetchone() == (0,)
 
 
-def test_coverage_counts_a_leg_of_another_role_as_logged_but_not_as_either_side(tmp_path):
-    """A request whose only engine leg has a role that is neither prefill, decode nor unified
-    was seen by the engine (not client_only), yet the prefill leg of its node is missing."""
-    case, con = _case(tmp_path)
-    insert_rows(con, "requests", [_req("r", "t1", 0, 1000), _req("none", "t1", 1, 1000)])
-    legs = [("r", "router", "g0", "10:00:01")]
+def _coverage_rows(case, con, legs) -> dict[tuple, int]:
+    """Load ``legs`` (request, role, node, time on 28 August), detect, and return the rows
+    counted per (scope, node) of findings_coverage."""
     insert_rows(
         con,
         "engine_legs",
@@ -226,10 +223,19 @@ def test_coverage_counts_a_leg_of_another_role_as_logged_but_not_as_either_side(
         ],
     )
     detect_case(con, case)
-    rows = {
+    return {
         (r[0], r[1]): r[2]
         for r in con.execute("SELECT scope, node, rows FROM findings_coverage").fetchall()
     }
+
+
+def test_coverage_counts_a_leg_of_another_role_as_logged_but_not_as_either_side(tmp_path):
+    """A request whose only engine leg has a role that is neither prefill, decode nor unified
+    was seen by the engine (not client_only), yet the prefill leg of its node is missing."""
+    case, con = _case(tmp_path)
+    insert_rows(con, "requests", [_req("r", "t1", 0, 1000), _req("none", "t1", 1, 1000)])
+    legs = [("r", "router", "g0", "10:00:01")]
+    rows = _coverage_rows(case, con, legs)
     assert rows[("client_only", "p0")] == 1  # "none" has no leg at all
     assert rows[("leg_missing:prefill", "p0")] == 1  # "r" has a leg, not its prefill one
     assert con.execute("SELECT request_id, role FROM coverage_missing_legs").fetchall() == [
@@ -259,19 +265,7 @@ def test_coverage_states_a_node_whose_whole_log_is_missing(tmp_path):
         ("x1", "prefill", "p0", "10:02:01"),
         ("x2", "prefill", "p0", "10:03:01"),
     ]
-    insert_rows(
-        con,
-        "engine_legs",
-        [
-            {"request_id": r, "role": role, "node": n, "started_at": f"2026-08-28T{t}Z"}
-            for r, role, n, t in legs
-        ],
-    )
-    detect_case(con, case)
-    rows = {
-        (r[0], r[1]): r[2]
-        for r in con.execute("SELECT scope, node, rows FROM findings_coverage").fetchall()
-    }
+    rows = _coverage_rows(case, con, legs)
     assert rows[("leg_missing:decode", "d1")] == 2
     assert not [k for k in rows if k[0].startswith("leg_missing") and k[1] != "d1"]
     stated = json.loads(
