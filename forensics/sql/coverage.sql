@@ -80,38 +80,49 @@ LEFT JOIN (SELECT scope, node, count(*) AS holes, max(gap_s) AS largest,
 GROUP BY c.scope, c.node;
 
 -- Successful requests in scope that lack an engine leg: any at all (client_only), or the
--- prefill or decode leg of the node their client record names (leg_missing). Each side is a
--- membership test against the legs, as the requests stream, and only the requests that lack
--- one are kept: grouping the legs by request id instead (100M groups of strings at 100M
--- requests) ran out of memory under the 2 GB cap. A leg of another role (neither prefill,
--- decode nor unified) still shows the request was logged. With no engine log loaded at all,
--- nothing is missing from it: coverage says so on its own.
+-- prefill or decode leg of the node their client record names (leg_missing). Each side is an
+-- anti join of the requests against the legs (a hash join in DuckDB and in Spark), and only
+-- the requests that lack one are kept: grouping the legs by request id instead (100M groups of
+-- strings at 100M requests) ran out of memory under the 2 GB cap. Request ids are unique, so
+-- the joins below add no rows. A leg of another role (neither prefill, decode nor unified)
+-- still shows the request was logged. With no engine log loaded at all, nothing is missing
+-- from it: coverage says so on its own.
 CREATE OR REPLACE TEMP TABLE coverage_unlogged AS
-WITH sides AS (
-  SELECT r.request_id, r.received_at, r.prefill_node, r.decode_node,
-         r.request_id IN (SELECT client_request_id FROM client_legs
-                          WHERE client_request_id IS NOT NULL
-                            AND role IN ('prefill', 'unified')) AS prefill,
-         r.request_id IN (SELECT client_request_id FROM client_legs
-                          WHERE client_request_id IS NOT NULL
-                            AND role IN ('decode', 'unified')) AS decode
+WITH ok AS (
+  SELECT r.request_id, r.received_at, r.prefill_node, r.decode_node
   FROM scoped_requests r
   WHERE r.http_status BETWEEN 200 AND 299
     AND EXISTS (SELECT 1 FROM engine_legs)
 ),
+no_prefill AS (
+  SELECT o.request_id FROM ok o
+  WHERE NOT EXISTS (SELECT 1 FROM client_legs l
+                    WHERE l.client_request_id = o.request_id
+                      AND l.role IN ('prefill', 'unified'))
+),
+no_decode AS (
+  SELECT o.request_id FROM ok o
+  WHERE NOT EXISTS (SELECT 1 FROM client_legs l
+                    WHERE l.client_request_id = o.request_id
+                      AND l.role IN ('decode', 'unified'))
+),
 lacking AS (
-  SELECT * FROM sides
-  WHERE NOT (prefill OR decode)
-     OR (prefill_node IS NOT NULL AND NOT prefill)
-     OR (decode_node IS NOT NULL AND NOT decode)
+  SELECT o.*, p.request_id IS NULL AS prefill, d.request_id IS NULL AS decode
+  FROM ok o
+  LEFT JOIN no_prefill p ON p.request_id = o.request_id
+  LEFT JOIN no_decode d ON d.request_id = o.request_id
+  WHERE p.request_id IS NOT NULL OR d.request_id IS NOT NULL
+),
+other_role AS (
+  SELECT k.request_id FROM lacking k
+  WHERE EXISTS (SELECT 1 FROM client_legs l
+                WHERE l.client_request_id = k.request_id
+                  AND l.role NOT IN ('prefill', 'decode', 'unified'))
 )
-SELECT request_id, received_at, prefill_node, decode_node,
-       prefill OR decode
-         OR request_id IN (SELECT client_request_id FROM client_legs
-                           WHERE client_request_id IS NOT NULL
-                             AND role NOT IN ('prefill', 'decode', 'unified')) AS logged,
-       prefill, decode
-FROM lacking;
+SELECT k.request_id, k.received_at, k.prefill_node, k.decode_node,
+       k.prefill OR k.decode OR x.request_id IS NOT NULL AS logged, k.prefill, k.decode
+FROM lacking k
+LEFT JOIN other_role x ON x.request_id = k.request_id;
 
 INSERT INTO findings_coverage
 SELECT 'client_only', prefill_node, count(*), min(received_at), max(received_at), 0, 0,
