@@ -113,6 +113,21 @@ _CASE = (
         below=1,
     ),
     Parameter(
+        "exploitation_bisection_p",
+        1e-4,
+        "a halving run this unlikely among the tenant's steps by chance is worth a point (two"
+        " at a hundredth of it)",
+        "exploitation",
+        below=1,
+    ),
+    Parameter(
+        "exploitation_bisection_half_p",
+        1e-3,
+        "... and half a point up to this probability",
+        "exploitation",
+        below=1,
+    ),
+    Parameter(
         "exploitation_harvest_min",
         20,
         "copies of one exact over-limit length that make a harvest",
