@@ -327,6 +327,14 @@ class SparkWorkspace:
 
     def register(self, name: str, table: pa.Table) -> None:
         """A Python Arrow table as a table of the workspace."""
+        import pyarrow as pa
+
+        # PySpark (4.3) keeps only the record batches before the first empty one: a table
+        # concatenated from filtered pieces (the replay's exposures, rank by rank) lost all
+        # but its first ranks' rows. Only the batches that hold rows are handed over.
+        table = pa.Table.from_batches(
+            [b for b in table.to_batches() if b.num_rows], schema=table.schema
+        )
         self._replace(name, self.session.createDataFrame(table), materialise=False)
 
     def unregister(self, name: str) -> None:

@@ -225,6 +225,20 @@ def test_many_rows_of_values_are_all_inserted(workspace, monkeypatch):
     assert rows == [("a", 1, None), ("b", None, 0.5)] + [(f"t{i}", i, i / 4) for i in range(7)]
 
 
+def test_a_registered_arrow_table_keeps_every_row(workspace):
+    """A table made of pieces, some empty (exposures filtered rank by rank), and an empty
+    table: every row is there, and the columns of the empty one."""
+    import pyarrow as pa
+
+    piece = pa.table({"id": ["a", "b"], "n": pa.array([1, 2], pa.int64())})
+    pieces = pa.concat_tables([piece, piece.slice(0, 0), piece, piece.slice(0, 0), piece])
+    workspace.register("pieces", pieces)
+    assert workspace.execute("SELECT count(*), sum(n) FROM pieces").fetchall() == [(6, 9)]
+    workspace.register("nothing", piece.slice(0, 0))
+    assert workspace.execute("SELECT count(*) FROM nothing").fetchall() == [(0,)]
+    assert workspace.session.table("nothing").columns == ["id", "n"]
+
+
 def test_a_spark_that_cannot_start_is_one_line(tiny_case_dir):
     """No JVM stack trace: which master, and what to check. (Its own process: this one's
     Spark is running.)"""
