@@ -285,13 +285,12 @@ def attribute(
             progress(f"Attribution: replaying {len(replayed_ranks):,} decode ranks", 0, 0)
         replays.update(replay_elsewhere(replayed_ranks))
     else:
-        for chunk in _rank_chunks(_sort_replayed(con, list(replayed_ranks))):
+        for chunk in _rank_chunks(_replayed_spans(con, list(replayed_ranks))):
             # One chunk's streams at a time: memory follows the chunk, not the incident.
             streams = _ReplayStreams(con, chunk)
             chunk_ranks = {s.key: replayed_ranks[s.key] for s in chunk}
             replays.update(streams.replay_all(chunk_ranks, replaying))
             del streams
-        con.execute("DROP TABLE IF EXISTS replay_sorted")
     for done, ((node, rank), members) in enumerate(ordered):
         method, why = methods[(node, rank)]
         if progress and method != "allocator_replay":
@@ -439,41 +438,40 @@ _OF_RANKS = """JOIN (SELECT UNNEST($ranks, recursive := true)) g
 
 
 class _RankSpan(NamedTuple):
-    """Where one rank's rows sit in ``replay_sorted``: row ids ``first`` to ``first + rows - 1``."""
+    """Where one rank's rows sit in ``decode_timeline``: row ids ``first`` to
+    ``first + rows - 1``."""
 
     key: tuple[str, int | None]
     first: int
     rows: int
 
 
-def _sort_replayed(
+def _replayed_spans(
     con: duckdb.DuckDBPyConnection, ranks: list[tuple[str, int | None]]
 ) -> list[_RankSpan]:
-    """Copy the timelines of ``ranks`` into ``replay_sorted``, each rank's rows together in
-    allocation order, in one sort for them all (it spills past the memory limit; sorting
-    per chunk of ranks would scan the whole timeline once per chunk). Returns the span of
-    every rank with rows, in table order; a rank with none is left out."""
+    """The span of rows in ``decode_timeline`` of every rank of ``ranks`` with rows that took
+    pages, in table order; a rank with none is left out.
+
+    ``timeline.sql`` writes the timeline in replay order (each rank's rows together, by
+    allocation), so a rank is one range of row ids and the replay reads it without sorting
+    again: at 8M requests a sorted copy of the replayed ranks' rows was the costliest statement
+    of detection. A span that is not one range means the timeline was not written in that
+    order: an error here, never a replay of rows out of order.
+    """
     if not ranks:
         return []
-    # Only what the replay reads: a narrower copy sorts and spills less. The ranks are sorted
-    # here (node, then rank, none first) and the rows by each rank's place in that order, an
-    # integer: sorting on the node's name took a third longer at 8M requests.
-    ordered = sorted(ranks, key=lambda k: (k[0], k[1] is not None, k[1] or 0))
-    con.execute(
-        f"""CREATE OR REPLACE TEMP TABLE replay_sorted AS
-           SELECT t.node, t.dp_rank, t.alloc_at, {_TIMELINE_COLUMNS}
-           FROM decode_timeline t {_OF_RANKS}
-           WHERE t.alloc_at IS NOT NULL
-           ORDER BY g.place, t.alloc_at, t.request_id""",
-        {"ranks": [{"node": n, "dp_rank": r, "place": i} for i, (n, r) in enumerate(ordered)]},
-    )
-    return [
-        _RankSpan((node, rank), first, n)
-        for node, rank, first, n in con.execute(
-            """SELECT node, dp_rank, min(rowid) AS first, count(*)
-               FROM replay_sorted GROUP BY ALL ORDER BY first"""
-        ).fetchall()
-    ]
+    spans = con.execute(
+        f"""SELECT t.node, t.dp_rank, min(t.rowid) AS first, count(*) AS n,
+                   max(t.rowid) - min(t.rowid) + 1 = count(*) AS together
+            FROM decode_timeline t {_OF_RANKS}
+            WHERE t.alloc_at IS NOT NULL
+            GROUP BY ALL ORDER BY first""",
+        {"ranks": [{"node": n, "dp_rank": r} for n, r in ranks]},
+    ).fetchall()
+    scattered = [(node, rank) for node, rank, _, _, together in spans if not together]
+    if scattered:
+        raise RuntimeError(f"decode_timeline is not in replay order: rank {scattered[0]}")
+    return [_RankSpan((node, rank), first, n) for node, rank, first, n, _ in spans]
 
 
 # Ranks replay in chunks of about this many timeline rows (a rank larger than that alone):
@@ -556,15 +554,17 @@ class _ReplayStreams:
         if not spans:
             return
         order = "ORDER BY node, dp_rank NULLS FIRST"
-        # The chunk's ranks are consecutive in replay_sorted (_sort_replayed): one range of row
-        # ids. A row's place in its rank's allocation order is its row id less its rank's first.
+        # The chunk's ranks are consecutive in decode_timeline (_replayed_spans): one range of
+        # row ids. A row's place in its rank's allocation order is its row id less its rank's
+        # first.
         con.execute(
-            """CREATE OR REPLACE TEMP TABLE replay_timelines AS
-               SELECT s.rowid - f.first AS idx, s.*
-               FROM replay_sorted s
+            f"""CREATE OR REPLACE TEMP TABLE replay_timelines AS
+               SELECT s.rowid - f.first AS idx, s.node, s.dp_rank, s.alloc_at,
+                      {_TIMELINE_COLUMNS}
+               FROM decode_timeline s
                JOIN (SELECT UNNEST($spans, recursive := true)) f
                  ON f.node = s.node AND f.dp_rank IS NOT DISTINCT FROM s.dp_rank
-               WHERE s.rowid BETWEEN $lo AND $hi""",
+               WHERE s.rowid BETWEEN $lo AND $hi AND s.alloc_at IS NOT NULL""",
             {
                 "spans": [{"node": k[0], "dp_rank": k[1], "first": f} for k, f, _ in spans],
                 "lo": spans[0].first,

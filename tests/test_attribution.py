@@ -295,32 +295,38 @@ def test_exposures_of_a_log_and_of_a_replay_go_in_together():
     ).fetchall() == [("V", "ta", 4, at.timestamp()), ("W", None, 8, at.timestamp() + 1)]
 
 
+_TIMELINE_ROWS = """SELECT node, dp_rank,
+                          CASE WHEN i < n THEN TIMESTAMPTZ '2026-09-01 00:00:00+00'
+                                               + to_seconds(-i) END AS alloc_at,
+                          NULL::TIMESTAMPTZ AS free_at, node || i AS request_id, 't' AS tenant_id,
+                          10 AS prompt_tokens, 0 AS completion_tokens,
+                          'engine_legs' AS source_table, true AS client_record
+                   FROM (VALUES ('c', 0, 9), ('a', 1, 2), ('b', NULL, 4), ('a', 0, 3),
+                                ('e', 0, 1)) v(node, dp_rank, n), range(n + 1) r(i)"""
+
+
 def test_ranks_replay_in_chunks_of_bounded_rows():
-    from forensics.attribution import _rank_chunks, _RankSpan, _sort_replayed
+    from forensics.attribution import _rank_chunks, _RankSpan, _replayed_spans
 
     con = connect(":memory:")
+    # In the order timeline.sql writes it; each rank has one row that took no pages (last).
     con.execute(
-        """CREATE TEMP TABLE decode_timeline AS
-           SELECT node, dp_rank, TIMESTAMPTZ '2026-09-01 00:00:00+00' + to_seconds(-i) AS alloc_at,
-                  NULL::TIMESTAMPTZ AS free_at, node || i AS request_id, 't' AS tenant_id,
-                  10 AS prompt_tokens, 0 AS completion_tokens, 'engine_legs' AS source_table,
-                  true AS client_record
-           FROM (VALUES ('c', 0, 9), ('a', 1, 2), ('b', NULL, 4), ('a', 0, 3), ('e', 0, 1))
-                v(node, dp_rank, n), range(n) r(i)"""
+        f"""CREATE TEMP TABLE decode_timeline AS {_TIMELINE_ROWS}
+            ORDER BY node NULLS LAST, dp_rank NULLS FIRST, alloc_at NULLS LAST, request_id"""
     )
     ranks = [("a", 0), ("a", 1), ("b", None), ("d", 0), ("c", 0)]
-    spans = _sort_replayed(con, ranks)
-    # One sorted copy: ranks in table order, each rank's rows together; a rank with no rows
+    spans = _replayed_spans(con, ranks)
+    # Ranks in table order, each rank's rows that took pages together; a rank with no rows
     # (d) or not asked for (e) has no span.
     assert spans == [
         _RankSpan(("a", 0), 0, 3),
-        _RankSpan(("a", 1), 3, 2),
-        _RankSpan(("b", None), 5, 4),
-        _RankSpan(("c", 0), 9, 9),
+        _RankSpan(("a", 1), 4, 2),
+        _RankSpan(("b", None), 7, 4),
+        _RankSpan(("c", 0), 12, 9),
     ]
-    # Within a rank, allocation order (the rows were written latest first).
+    # Within a rank, allocation order (the rows were made latest first).
     assert con.execute(
-        "SELECT request_id FROM replay_sorted WHERE node = 'a' AND dp_rank = 0 ORDER BY rowid"
+        "SELECT request_id FROM decode_timeline WHERE rowid BETWEEN 0 AND 2 ORDER BY rowid"
     ).fetchall() == [("a2",), ("a1",), ("a0",)]
     # Runs of at most 5 rows; a rank larger than that goes alone.
     assert [[s.key for s in run] for run in _rank_chunks(spans, rows=5)] == [
@@ -330,7 +336,16 @@ def test_ranks_replay_in_chunks_of_bounded_rows():
     ]
     assert _rank_chunks(spans, rows=100) == [spans]
     assert _rank_chunks([], rows=5) == []
-    assert _sort_replayed(con, []) == []
+    assert _replayed_spans(con, []) == []
+
+
+def test_a_timeline_out_of_replay_order_is_an_error_not_a_replay():
+    from forensics.attribution import _replayed_spans
+
+    con = connect(":memory:")
+    con.execute(f"CREATE TEMP TABLE decode_timeline AS {_TIMELINE_ROWS} ORDER BY request_id")
+    with pytest.raises(RuntimeError, match="not in replay order"):
+        _replayed_spans(con, [("a", 0), ("c", 0)])
 
 
 def test_replay_in_chunks_finds_what_one_pass_finds(tiny_case_dir, monkeypatch):

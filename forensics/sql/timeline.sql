@@ -31,4 +31,8 @@ FROM all_requests r
 LEFT JOIN decode_legs l
   ON l.client_request_id = r.request_id AND coalesce(l.reserved_tokens, r.prompt_tokens) > 0
 WHERE l.client_request_id IS NOT NULL
-   OR (r.client_record AND r.decode_node IS NOT NULL AND r.http_status BETWEEN 200 AND 299);
+   OR (r.client_record AND r.decode_node IS NOT NULL AND r.http_status BETWEEN 200 AND 299)
+-- In replay order: each decode rank's rows together (node, then rank, none first), by
+-- allocation. The replay reads a rank as a range of row ids of this table: one sort of the
+-- timeline, where a sorted copy of the replayed ranks' rows cost a second one.
+ORDER BY node NULLS LAST, dp_rank NULLS FIRST, alloc_at NULLS LAST, request_id;
