@@ -126,6 +126,35 @@ def test_exploitation_scores_probing_high_and_an_ordinary_long_prompt_low(tmp_pa
     assert "prober" in " ".join(conclusion["basis"])
 
 
+def test_a_harvest_is_farming_one_length_not_sampling_every_long_prompt(tmp_path):
+    case, con = _case(tmp_path)
+    insert_rows(con, "pool_snapshots", [PREFILL])
+
+    def at(tenant, i, prompt):
+        return {
+            **_req(f"{tenant}{i}", tenant, i % 60, prompt),
+            "received_at": f"2026-08-28T{i // 60:02d}:{i % 60:02d}:00Z",
+        }
+
+    # An evaluation harness sampling each of its long prompts 20 times, one of them over the
+    # limit; a farmer trying three lengths, then sending the one that leaked 30 times.
+    sampler = [at("sampler", 10 * i, 600_000 + 100_000 * (i // 20)) for i in range(40)]
+    farmer = [at("farmer", 7 * i, n) for i, n in enumerate([600_000, 650_000, 700_000])]
+    farmer += [at("farmer", 7 * i, 700_000) for i in range(3, 33)]
+    insert_rows(con, "requests", sampler + farmer)
+    detect_case(con, case)
+    rows = dict(
+        con.execute(
+            "SELECT tenant_id, struct_pack(level, reasons) FROM findings_exploitation"
+        ).fetchall()
+    )
+    assert rows["farmer"]["level"] == "high"
+    assert "a harvest" in rows["farmer"]["reasons"]
+    assert rows["sampler"]["level"] == "low"
+    not_counted = "not counted: it sends its long prompts under the limit as often (up to 20"
+    assert not_counted in rows["sampler"]["reasons"]
+
+
 def test_probing_by_excluded_traffic_is_not_a_customer_exploit(tmp_path):
     case, con = _case(tmp_path, '[[exclusion]]\nname = "researcher"\ntenant_ids = ["prober"]\n')
     insert_rows(con, "pool_snapshots", [PREFILL])
