@@ -215,6 +215,17 @@ def test_decode_timeline_takes_decode_legs_else_the_client_record(tmp_path):
         ("twice", "d0", 1, "00:05", "01:05", 900, "engine_legs", True),
         ("unified", "d0", 0, "00:06", "01:06", 900, "engine_legs", True),
     ]
+    # Written in replay order: each rank's rows together (node, rank), by allocation, then id.
+    in_order = con.execute("SELECT request_id, dp_rank FROM decode_timeline ORDER BY rowid")
+    assert in_order.fetchall() == [
+        ("leg", 0),
+        ("twice", 0),
+        ("unified", 0),
+        ("engine-only", 0),
+        ("empty", 1),
+        ("none", 1),
+        ("twice", 1),
+    ]
 
 
 def _scans(node) -> set[str]:

@@ -7,8 +7,7 @@
 -- none falls back to its client record.
 CREATE OR REPLACE TEMP TABLE decode_timeline AS
 WITH decode_legs AS (
-  SELECT client_request_id, node, dp_rank, started_at, finished_at, reserved_tokens,
-         evidence_id, source_row
+  SELECT client_request_id, node, dp_rank, started_at, finished_at, reserved_tokens
   FROM matched_legs
   WHERE role IN ('decode', 'unified') AND error IS NULL
 )
@@ -22,11 +21,7 @@ SELECT r.request_id, r.tenant_id,
        coalesce(r.completion_tokens, 0) AS completion_tokens,
        CASE WHEN l.client_request_id IS NULL THEN 'requests' ELSE 'engine_legs' END
          AS source_table,
-       r.client_record,
-       CASE WHEN l.client_request_id IS NULL THEN r.evidence_id ELSE l.evidence_id END
-         AS evidence_id,
-       CASE WHEN l.client_request_id IS NULL THEN r.source_row ELSE l.source_row END
-         AS source_row
+       r.client_record
 FROM all_requests r
 LEFT JOIN decode_legs l
   ON l.client_request_id = r.request_id AND coalesce(l.reserved_tokens, r.prompt_tokens) > 0
