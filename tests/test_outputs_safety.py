@@ -236,3 +236,127 @@ def test_parallel_writes_raise_the_first_failure_and_leave_no_partial_file(tmp_p
     assert "n3.md" not in left
     assert not [name for name in left if name.endswith(".partial")]
     assert all((tmp_path / name).read_bytes() == b"notice\n" for name in left)
+
+
+# --- the large CSVs, written by the database ----------------------------------------------------
+
+TRICKY_TEXT = [
+    "=1+2",
+    "-1",
+    "+3.5e2",
+    "-abc",
+    "@x",
+    "\tx",
+    "\rx",
+    "a\rb",
+    "a\nb",
+    'q"q',
+    "a,b",
+    "",
+    " x ",
+    "é,ü",
+    None,
+    "'",
+    "1e5",
+    "-.5",
+    "--1",
+    "a\r\nb",
+    '"',
+    ",",
+]
+
+
+def _sql_and_python_csv(rows):
+    import duckdb
+
+    from forensics.report.csvsql import csv_chunks
+    from forensics.report.outputs import _csv
+
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+    con.execute("CREATE TABLE t (k INTEGER, s VARCHAR, n BIGINT, ts TIMESTAMPTZ)")
+    con.executemany("INSERT INTO t VALUES (?, ?, ?, ?)", rows)
+    columns = [("s", "text"), ("n", "int"), ("ts", "time")]
+    by_sql = "".join(csv_chunks(con, columns, "SELECT * FROM t", "q.k DESC", every=3))
+    ordered = sorted(rows, key=lambda r: -r[0])
+    by_python = _csv(("s", "n", "ts"), [{"s": r[1], "n": r[2], "ts": r[3]} for r in ordered])
+    return by_sql, by_python
+
+
+def test_database_csv_lines_are_the_csv_modules():
+    from datetime import UTC, datetime
+
+    times = [datetime(2026, 9, 8, 14, 2, 0, us, tzinfo=UTC) for us in (0, 250000, 780860, 1000, 1)]
+    rows = [
+        (i, text, None if i % 4 == 0 else (i - 7) * 1000, None if i % 6 == 5 else times[i % 5])
+        for i, text in enumerate(TRICKY_TEXT)
+    ]
+    by_sql, by_python = _sql_and_python_csv(rows)
+    assert by_sql == by_python
+    # Guarded, quoted and numeric cells, as a spreadsheet needs them.
+    assert "'=1+2," in by_sql and '"a,b"' in by_sql and '"q""q"' in by_sql
+    assert "\n-1," in by_sql and "2026-09-08T14:02:00.780860Z" in by_sql
+
+
+def test_iso_sql_is_iso():
+    from datetime import UTC, datetime, timedelta
+
+    import duckdb
+
+    from forensics.report.csvsql import iso_sql
+    from forensics.report.data import iso
+
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+    base = datetime(2026, 8, 31, 23, 59, 59, tzinfo=UTC)
+    values = [
+        base + timedelta(microseconds=us) for us in (0, 1, 999, 1000, 1100, 123400, 999000, 999999)
+    ]
+    values.append(datetime(2001, 1, 1, tzinfo=UTC))
+    for value in [*values, None]:
+        assert con.execute(f"SELECT {iso_sql('$1::TIMESTAMPTZ')}", [value]).fetchone()[0] == iso(
+            value
+        )
+
+
+def test_database_csv_redacts_tenant_columns_and_keeps_order():
+    import duckdb
+
+    from forensics.report.csvsql import csv_chunks
+    from forensics.report.redact import Redactor, pseudonym
+
+    con = duckdb.connect()
+    con.execute(
+        "CREATE TABLE e AS SELECT * FROM (VALUES ('r2', 'acct_b', 'acct_a'), "
+        "('r1', 'acct_a', NULL), ('r3', 'acct_b', 'acct_b')) t(request_id, recipient, source)"
+    )
+    columns = [("request_id", "text"), ("recipient", "tenant"), ("source", "tenant")]
+    key = b"k"
+    red = Redactor(["acct_a", "acct_b"], key)
+    text = "".join(csv_chunks(con, columns, "SELECT * FROM e", "q.recipient, q.request_id", red))
+    a, b = pseudonym("acct_a", key), pseudonym("acct_b", key)
+    assert text == f"request_id,recipient,source\nr1,{a},\nr2,{b},{a}\nr3,{b},{b}\n"
+    assert "acct_" not in text
+    plain = "".join(csv_chunks(con, columns, "SELECT * FROM e", "q.request_id"))
+    assert plain.splitlines()[1:] == ["r1,acct_a,", "r2,acct_b,acct_a", "r3,acct_b,acct_b"]
+
+
+def test_database_csv_redacts_one_tenant_column_without_repeating_lines():
+    # One tenant column, each tenant on several rows: the pseudonym table must hold each
+    # tenant once, or the join repeats every line (as affected_responses.csv once did).
+    import duckdb
+
+    from forensics.report.csvsql import csv_chunks
+    from forensics.report.redact import Redactor, pseudonym
+
+    con = duckdb.connect()
+    con.execute(
+        "CREATE TABLE a AS SELECT 'r' || i AS request_id, "
+        "CASE WHEN i % 2 = 0 THEN 'acct_a' ELSE 'acct_b' END AS tenant_id FROM range(6) t(i)"
+    )
+    columns = [("request_id", "text"), ("tenant_id", "tenant")]
+    key = b"k"
+    red = Redactor(["acct_a", "acct_b"], key)
+    lines = "".join(csv_chunks(con, columns, "SELECT * FROM a", "q.request_id", red)).splitlines()
+    a, b = pseudonym("acct_a", key), pseudonym("acct_b", key)
+    assert lines == ["request_id,tenant_id"] + [f"r{i},{a if i % 2 == 0 else b}" for i in range(6)]

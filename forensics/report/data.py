@@ -138,7 +138,7 @@ class ReportData:
     # The case-level tunables (forensics.parameters) with the value used and the default.
     tuning: list[dict] = field(default_factory=list)
     # Counts over the affected responses and exposures, computed in SQL: the rows themselves
-    # stream into the CSVs and the timeline export (affected_rows, exposure_rows), so the
+    # stream into the CSVs (forensics.report.csvsql) and the timeline export, so the
     # report costs the same however many requests a signal flagged.
     counts: dict[str, Any] = field(default_factory=dict)
     # Affected responses to excluded traffic, per (tenant, exclusion).
@@ -285,21 +285,23 @@ def load_report_data(
     return data
 
 
-_AFFECTED_SQL = """
+AFFECTED_ROWS_SQL = """
 SELECT request_id, tenant_id, received_at, prompt_tokens, threshold_tokens, verdict, signals,
        excluded_by, model, prefill_node, decode_node, dp_rank
-FROM findings_affected ORDER BY received_at, request_id"""
+FROM findings_affected"""
+AFFECTED_ORDER = "q.received_at, q.request_id"
+_AFFECTED_SQL = f"SELECT * FROM ({AFFECTED_ROWS_SQL}) q ORDER BY {AFFECTED_ORDER}"
 
-_EXPOSURES_SQL = """
+EXPOSURE_ROWS_SQL = """
 SELECT e.recipient_request_id, e.recipient_tenant_id, e.source_request_id, e.source_tenant_id,
        e.method, e.tokens, e.confidence, e.rank, e.recipient_excluded_by, e.source_excluded_by,
        a.received_at AS recipient_at
 FROM findings_exposures e
 LEFT JOIN (SELECT request_id, min(received_at) AS received_at
            FROM findings_affected GROUP BY request_id) a
-  ON a.request_id = e.recipient_request_id
-ORDER BY a.received_at NULLS LAST, e.recipient_request_id, e.method, e.rank NULLS LAST,
-         e.source_request_id, e.source_tenant_id, e.tokens"""
+  ON a.request_id = e.recipient_request_id"""
+EXPOSURE_ORDER = """q.recipient_at NULLS LAST, q.recipient_request_id, q.method, q.rank NULLS LAST,
+         q.source_request_id, q.source_tenant_id, q.tokens"""
 
 # Rows fetched at a time when affected responses or exposures stream into an output.
 BATCH_ROWS = 10_000
@@ -327,14 +329,6 @@ def affected_rows(con: duckdb.DuckDBPyConnection, red: Redactor) -> Iterator[dic
         a["tenant_id"] = red.tenant(a["tenant_id"])
         a["received_at"] = utc(a["received_at"])
         yield a
-
-
-def exposure_rows(con: duckdb.DuckDBPyConnection, red: Redactor) -> Iterator[dict]:
-    """Every exposure in the order of its recipient's arrival, tenant ids redacted, streamed."""
-    for e in _stream(con, _EXPOSURES_SQL):
-        e["recipient_tenant_id"] = red.tenant(e["recipient_tenant_id"])
-        e["source_tenant_id"] = red.tenant(e["source_tenant_id"])
-        yield e
 
 
 # "Not excluded" as the outputs read it: no exclusion name at all.

@@ -15,8 +15,8 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from forensics.report.data import iso, utc
-from forensics.verdicts import best_confidence
+from forensics.report.csvsql import iso_sql
+from forensics.report.data import iso
 
 if TYPE_CHECKING:
     import duckdb
@@ -93,7 +93,7 @@ WITH reads AS (
   WHERE e.recipient_tenant_id IN (SELECT unnest($tenants)) AND notified_confidence(e.confidence)
   GROUP BY e.recipient_request_id
 )
-SELECT a.tenant_id, a.request_id, a.received_at, a.prompt_tokens, a.verdict,
+SELECT a.tenant_id, a.request_id, {iso_received} AS received_at, a.prompt_tokens, a.verdict,
        CASE WHEN r.customers > 0 OR r.unknown > 0 THEN 'another customer'
             WHEN r.ours > 0 THEN 'non-customer traffic only'
             WHEN r.own > 0 THEN 'your own earlier requests only'
@@ -102,7 +102,7 @@ FROM findings_affected a LEFT JOIN reads r USING (request_id)
 WHERE a.tenant_id IN (SELECT unnest($tenants)) AND notified_verdict(a.verdict)
   AND a.excluded_by IS NULL
 ORDER BY a.tenant_id, a.received_at, a.request_id
-"""
+""".format(iso_received=iso_sql("a.received_at"))
 
 # Per request of a source tenant whose data was read: by how many responses, split by who
 # received them. Only the kind of reader is loaded, never which tenant it was.
@@ -123,21 +123,26 @@ sent AS (
   SELECT request_id, tenant_id, min(received_at) AS received_at FROM requests
   WHERE tenant_id IN (SELECT unnest($tenants)) GROUP BY request_id, tenant_id
 )
-SELECT x.tenant_id, x.source_request_id AS request_id, s.received_at,
+SELECT x.tenant_id, x.source_request_id AS request_id, {iso_sent} AS received_at,
        count(DISTINCT recipient_request_id)
          FILTER (WHERE NOT own AND recipient_excluded_by IS NULL) AS read_by_customers,
        count(DISTINCT recipient_request_id)
          FILTER (WHERE NOT own AND recipient_excluded_by IS NOT NULL) AS read_by_ours,
        count(DISTINCT recipient_request_id) FILTER (WHERE own) AS read_by_own,
-       min(read_at) FILTER (WHERE NOT own) AS first_read_at,
-       max(read_at) FILTER (WHERE NOT own) AS last_read_at,
-       list(DISTINCT confidence) FILTER (WHERE NOT own) AS confidences
+       {iso_first} AS first_read_at,
+       {iso_last} AS last_read_at,
+       -- the most certain: forensics.verdicts.best_confidence
+       arg_min(confidence, confidence_rank(confidence)) FILTER (WHERE NOT own) AS confidence
 FROM reads x
 LEFT JOIN sent s ON s.request_id = x.source_request_id AND s.tenant_id = x.tenant_id
 GROUP BY x.tenant_id, x.source_request_id, s.received_at
 HAVING count(*) FILTER (WHERE NOT own) > 0
 ORDER BY x.tenant_id, s.received_at NULLS LAST, x.source_request_id
-"""
+""".format(
+    iso_sent=iso_sql("s.received_at"),
+    iso_first=iso_sql("min(read_at) FILTER (WHERE NOT own)"),
+    iso_last=iso_sql("max(read_at) FILTER (WHERE NOT own)"),
+)
 
 # Per source tenant: distinct notified responses that read its data, by kind of reader.
 _READERS_SQL = """
@@ -263,7 +268,7 @@ def _recipient_part(n: Notification, rows: list[dict]) -> dict[str, Any]:
         "ours_only": kinds["non-customer traffic only"],
         "own_only": kinds["your own earlier requests only"],
         "undetermined": kinds["not determined"],
-        "requests": [{**r, "received_at": iso(r["received_at"])} for r in rows],
+        "requests": rows,
         "inline": len(rows) <= INLINE_ROWS,
     }
 
@@ -271,19 +276,7 @@ def _recipient_part(n: Notification, rows: list[dict]) -> dict[str, Any]:
 def _source_part(
     n: Notification, rows: list[dict], counts: dict[str, Any], excluded: list[dict]
 ) -> dict[str, Any]:
-    requests = [
-        {
-            "request_id": r["request_id"],
-            "received_at": iso(utc(r["received_at"])),
-            "read_by_customers": r["read_by_customers"],
-            "read_by_ours": r["read_by_ours"],
-            "read_by_own": r["read_by_own"],
-            "first_read_at": iso(r["first_read_at"]),
-            "last_read_at": iso(r["last_read_at"]),
-            "confidence": best_confidence(r["confidences"]),
-        }
-        for r in rows
-    ]
+    requests = rows  # formatted by the query: times as iso() writes them, the best confidence
     return {
         "responses": n.responses,
         "first_at": iso(n.first_at),

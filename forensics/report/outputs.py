@@ -22,10 +22,13 @@ from forensics.files import (
     sync_dir,
     write_atomic,
 )
+from forensics.report.csvsql import FORMULA_START, NUMBER, csv_chunks
 from forensics.report.data import (
-    affected_rows,
+    AFFECTED_ORDER,
+    AFFECTED_ROWS_SQL,
+    EXPOSURE_ORDER,
+    EXPOSURE_ROWS_SQL,
     all_tenant_ids,
-    exposure_rows,
     generation_time,
     iso,
     load_report_data,
@@ -40,24 +43,26 @@ if TYPE_CHECKING:
     from forensics.progress import StepProgress
     from forensics.scope import Scope
 
+# The two outputs that grow with the incident, written by the database (forensics.report.csvsql):
+# each column with what it holds.
 AFFECTED_COLUMNS = (
-    "request_id",
-    "tenant_id",
-    "received_at",
-    "prompt_tokens",
-    "threshold_tokens",
-    "verdict",
-    "signals",
-    "excluded_by",
+    ("request_id", "text"),
+    ("tenant_id", "tenant"),
+    ("received_at", "time"),
+    ("prompt_tokens", "int"),
+    ("threshold_tokens", "int"),
+    ("verdict", "text"),
+    ("signals", "text"),
+    ("excluded_by", "text"),
 )
 EXPOSURE_COLUMNS = (
-    "recipient_request_id",
-    "recipient_tenant_id",
-    "source_request_id",
-    "source_tenant_id",
-    "method",
-    "tokens",
-    "confidence",
+    ("recipient_request_id", "text"),
+    ("recipient_tenant_id", "tenant"),
+    ("source_request_id", "text"),
+    ("source_tenant_id", "tenant"),
+    ("method", "text"),
+    ("tokens", "int"),
+    ("confidence", "text"),
 )
 NOTIFICATION_COLUMNS = ("tenant_id", "role", "responses", "first_at", "last_at", "confidence")
 REVIEW_COLUMNS = (*NOTIFICATION_COLUMNS, "reason", "evidence")
@@ -95,10 +100,10 @@ class ReportResult:
     messages: list[str] = field(default_factory=list)
 
 
-# A spreadsheet reads a cell that begins with one of these as a formula (OWASP, CSV
-# injection); tenant ids and user agents come from the logs, so anyone can choose them.
-_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-_NUMBER = re.compile(r"[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][+-]?[0-9]+)?")
+# A spreadsheet reads a cell that begins with one of FORMULA_START as a formula (OWASP, CSV
+# injection); tenant ids and user agents come from the logs, so anyone can choose them. The
+# database's CSV lines apply the same guard (forensics.report.csvsql).
+_NUMBER = re.compile(NUMBER)
 
 
 def csv_cell(value: Any) -> Any:
@@ -112,28 +117,21 @@ def csv_cell(value: Any) -> Any:
         return ""
     if isinstance(value, datetime):
         return iso(value)
-    if isinstance(value, str) and value.startswith(_FORMULA_START) and not _NUMBER.fullmatch(value):
+    if isinstance(value, str) and value.startswith(FORMULA_START) and not _NUMBER.fullmatch(value):
         return "'" + value
     return value
 
 
 def _csv(columns: tuple[str, ...], rows: Iterable[dict]) -> str:
-    """Every CSV output: a header, then the rows with every cell through :func:`csv_cell`."""
-    return "".join(_csv_chunks(columns, rows))
-
-
-def _csv_chunks(columns: tuple[str, ...], rows: Iterable[dict], every: int = 10_000):
-    """The same CSV in chunks of ``every`` rows, for outputs too large to hold whole."""
+    """A small CSV output (one row per tenant or per rule): a header, then the rows with every
+    cell through :func:`csv_cell`. The large ones are written by the database
+    (:mod:`forensics.report.csvsql`), to the same bytes."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(columns)
-    for n, row in enumerate(rows, 1):
+    for row in rows:
         writer.writerow([csv_cell(row[c]) for c in columns])
-        if n % every == 0:
-            yield buf.getvalue()
-            buf.seek(0)
-            buf.truncate()
-    yield buf.getvalue()
+    return buf.getvalue()
 
 
 def _sha256_file(path: Path) -> str:
@@ -267,10 +265,14 @@ def write_report(
     # The two outputs that grow with the incident stream from the database in batches.
     _write(
         out / "affected_responses.csv",
-        _csv_chunks(AFFECTED_COLUMNS, affected_rows(con, red)),
+        csv_chunks(con, AFFECTED_COLUMNS, AFFECTED_ROWS_SQL, AFFECTED_ORDER, red),
         written,
     )
-    _write(out / "exposures.csv", _csv_chunks(EXPOSURE_COLUMNS, exposure_rows(con, red)), written)
+    _write(
+        out / "exposures.csv",
+        csv_chunks(con, EXPOSURE_COLUMNS, EXPOSURE_ROWS_SQL, EXPOSURE_ORDER, red),
+        written,
+    )
     _write(out / "notifications.csv", _csv(NOTIFICATION_COLUMNS, data.notifications), written)
     _write(out / "review.csv", _csv(REVIEW_COLUMNS, data.review), written)
     exploitation = [
