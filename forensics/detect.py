@@ -211,7 +211,7 @@ def detect_case(
     log coverage. Findings are replaced whole, so they always match the evidence loaded now.
     ``progress`` is told of each step (each detector, each decode rank attribution replays).
     """
-    from forensics import attribution, basis, coverage, exclusions, exploitation
+    from forensics import attribution, basis, coverage, exclusions, exploitation, summary
     from forensics.schema import FINDINGS_DDL, SCOPE_DDL
 
     def step(what: str, done: int = 0, total: int = 0) -> None:
@@ -234,13 +234,15 @@ def detect_case(
     exclusions.mark_exclusions(con, case.exclusions)
     attributed = attribution.attribute(con, params, progress=progress)
     warnings += attributed.warnings
-    step("Evidence basis", 0, 3)
+    step("Evidence basis", 0, 4)
     evidence = basis.evidence_basis(con)
     basis.record_basis(con, evidence)
-    step("Exploitation assessment", 1, 3)
+    step("Exploitation assessment", 1, 4)
     exploitation.assess(con, params, evidence)
-    step("Log coverage", 2, 3)
+    step("Log coverage", 2, 4)
     coverage.assess(con, params)
+    step("Summarising the traffic for the report", 3, 4)
+    summary.summarise(con, params)
     for code, message in warnings:
         con.execute("INSERT INTO findings_warnings VALUES ($c, $m)", {"c": code, "m": message})
     case_values = {

@@ -334,6 +334,19 @@ FINDINGS_DDL = {
     # Warnings a reader must see (missing evidence kinds, fallbacks to weaker methods).
     "findings_warnings": """CREATE OR REPLACE TEMP TABLE findings_warnings (
   code VARCHAR, message VARCHAR)""",
+    # What the report shows of the whole traffic (forensics.summary), so that nothing after
+    # detection reads a table that grows with it. Every tenant the client requests name, and
+    # whether any of its requests is not excluded.
+    "findings_tenants": """CREATE OR REPLACE TEMP TABLE findings_tenants (
+  tenant_id VARCHAR, customer BOOLEAN)""",
+    # The tokens-against-TTFT chart's points: sample flagged (one row per verdict row) or
+    # plain, in the order of a hash of the request id.
+    "findings_ttft_sample": """CREATE OR REPLACE TEMP TABLE findings_ttft_sample (
+  sample VARCHAR, ordinal BIGINT, prompt_tokens BIGINT, ttft_ms DOUBLE, verdict VARCHAR,
+  excluded BOOLEAN)""",
+    # The arrival of each request of a source tenant whose KV another response read.
+    "findings_source_requests": """CREATE OR REPLACE TEMP TABLE findings_source_requests (
+  request_id VARCHAR, tenant_id VARCHAR, received_at TIMESTAMPTZ)""",
 }
 
 # Scope: who is notified and who is reviewed, written by scoping right after detection (and

@@ -35,10 +35,11 @@ def test_detection_tells_each_step_each_detector_and_each_decode_rank(tiny_case_
         for i, (node, rank) in enumerate(ranks)
     ]
     assert calls[0] == ("Preparing the working views", 0, 0)
-    assert calls[-3:] == [
-        ("Evidence basis", 0, 3),
-        ("Exploitation assessment", 1, 3),
-        ("Log coverage", 2, 3),
+    assert calls[-4:] == [
+        ("Evidence basis", 0, 4),
+        ("Exploitation assessment", 1, 4),
+        ("Log coverage", 2, 4),
+        ("Summarising the traffic for the report", 3, 4),
     ]
     assert capfd.readouterr() == ("", "")
 

@@ -22,6 +22,7 @@ from fixtures.findings.builder import (
 )
 from typer.testing import CliRunner
 
+from forensics.case import load_case
 from forensics.cli import app
 from forensics.errors import ForensicsError
 from forensics.report import write_report
@@ -698,6 +699,36 @@ def test_run_end_to_end_on_a_simulated_case(tmp_path):
     assert len(notices) == len({n["tenant_id"] for n in notes})
     assert not any("acct_researcher" in p.read_text() for p in notices)
     assert "customer tenants in the client log: " in (out / "report.md").read_text()
+
+
+def test_the_report_reads_no_table_that_grows_with_the_traffic(tmp_path):
+    # After detection the report reads the findings and the small evidence tables only: with
+    # requests, engine_legs and kv_allocations emptied it writes the same bytes. (A detection
+    # that ran where the evidence lies leaves the case database without them.)
+    import duckdb
+
+    simulate = pytest.importorskip("forensics.simulate")
+    summary = simulate.simulate_case(
+        tmp_path / "sim", requests=3000, seed=5, kv_allocations=True, probers=["sweep"]
+    )
+    runner = CliRunner()
+    result = runner.invoke(app, ["run", str(summary.case_path), "--out", str(tmp_path / "a")])
+    assert result.exit_code == 0, result.output
+    case = load_case(summary.case_path)
+    con = duckdb.connect(str(case.database))
+    counts = {}
+    for table in ("requests", "engine_legs", "kv_allocations"):
+        counts[table] = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        con.execute(f"DELETE FROM {table}")
+    con.close()
+    assert all(counts.values()), counts
+    result = runner.invoke(app, ["report", str(summary.case_path), "--out", str(tmp_path / "b")])
+    assert result.exit_code == 0, result.output
+    a = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file())
+    b = sorted(p.relative_to(tmp_path / "b") for p in (tmp_path / "b").rglob("*") if p.is_file())
+    assert a == b and len(a) > 10
+    for name in a:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
 
 
 def test_engine_logs_alone_count_tenants_against_no_client_log(tmp_path):

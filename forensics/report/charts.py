@@ -14,14 +14,13 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from forensics.report.data import iso, utc
-from forensics.sql import first_row, scalar
+from forensics.sql import first_row
 
 if TYPE_CHECKING:
     import duckdb
 
     from forensics.report.data import ReportData
 
-UNFLAGGED_SAMPLE = 1500
 VERDICT_COLORS = {
     "confirmed": "#b2182b",
     "likely": "#ef8a62",
@@ -237,30 +236,20 @@ def affected_over_time(con: duckdb.DuckDBPyConnection, data: ReportData) -> Char
 
 MARKER_COLORS = {"fix": "#1a7f37", "event": "#555555", "pool change": "#0b4f8a"}
 FIT_FROM_TOKENS = 4096  # latency_too_good fits on prompts at least this long
-FLAGGED_SAMPLE = 3000
 
 
-def _expected_ttft(con: duckdb.DuckDBPyConnection) -> tuple[float, float, float] | None:
+def _expected_ttft(fit: dict | None) -> tuple[float, float, float] | None:
     """The expected-TTFT line latency_too_good fitted (log-log: intercept, slope) and its
-    factor, read back from two of its flagged requests: each signal's threshold is the factor
-    times the expected TTFT at that prompt length, so two lengths give the line exactly."""
+    factor, from the two of its flagged requests detection recorded (``forensics.summary``):
+    each signal's threshold is the factor times the expected TTFT at that prompt length, so two
+    lengths give the line exactly."""
     import math
 
-    rows = con.execute(
-        """SELECT d.parameters, min(r.prompt_tokens), max(r.prompt_tokens),
-                  arg_min(s.threshold, r.prompt_tokens), arg_max(s.threshold, r.prompt_tokens)
-           FROM findings_signals s
-           JOIN requests r USING (request_id)
-           JOIN findings_detectors d ON d.detector_id = s.detector_id
-           WHERE s.signal = 'latency_too_good' AND s.threshold > 0 AND r.prompt_tokens > 0
-           GROUP BY d.parameters"""
-    ).fetchall()
-    if not rows:
+    if not fit:
         return None
-    import json
-
-    params, lo, hi, t_lo, t_hi = rows[0]
-    factor = float(json.loads(params).get("latency_factor") or 0)
+    factor = float((fit.get("parameters") or {}).get("latency_factor") or 0)
+    lo, hi = fit["lo_tokens"], fit["hi_tokens"]
+    t_lo, t_hi = fit["lo_threshold"], fit["hi_threshold"]
     if not factor or lo == hi:
         return None
     slope = (math.log(t_hi) - math.log(t_lo)) / (math.log(hi) - math.log(lo))
@@ -272,32 +261,18 @@ def tokens_vs_ttft(con: duckdb.DuckDBPyConnection, data: ReportData) -> Chart:
     """Prompt tokens against time to first token: flagged requests by verdict (excluded traffic
     apart), a sample of the rest, the prefill limits, and the expected-TTFT curve.
 
-    Sampled in SQL (a hash of the request id), so the chart costs the same whatever the case's
-    size or the number of hits."""
+    The points were sampled by detection, by a hash of the request id
+    (``findings_ttft_sample``), so the chart costs the same whatever the case's size or the
+    number of hits."""
     import math
+
+    from forensics.summary import FLAGGED_SAMPLE, PLAIN_SAMPLE
 
     title = "Prompt tokens against time to first token"
     ctx = (data.case_facts.get("parameters") or {}).get("context_length")
-    ttft = "ttft_ms(r.ttft_ms, r.received_at, r.first_token_at)"
-    usable = f"r.prompt_tokens > 0 AND {ttft} > 0"
-    in_view = usable + (" AND r.prompt_tokens < $ctx" if ctx else "")
-    args = {"ctx": ctx} if ctx else {}
-    flagged_sql = f"""FROM requests r JOIN findings_affected a USING (request_id)
-                      WHERE {in_view}"""
-    plain_sql = f"""FROM requests r
-                    WHERE {in_view}
-                      AND r.request_id NOT IN (SELECT request_id FROM findings_affected)"""
-    n_flagged, n_plain = (
-        scalar(con, f"SELECT count(*) {flagged_sql}", args),
-        scalar(con, f"SELECT count(*) {plain_sql}", args),
-    )
-    beyond = (
-        scalar(
-            con, f"SELECT count(*) FROM requests r WHERE {usable} AND r.prompt_tokens >= $ctx", args
-        )
-        if ctx
-        else 0
-    )
+    stated = data.case_facts.get("ttft_chart") or {}
+    n_flagged, n_plain = int(stated.get("flagged") or 0), int(stated.get("plain") or 0)
+    beyond = int(stated.get("beyond_context") or 0)
     if not n_flagged and not n_plain:
         return Chart(
             "chart-ttft",
@@ -308,14 +283,12 @@ def tokens_vs_ttft(con: duckdb.DuckDBPyConnection, data: ReportData) -> Chart:
     import altair as alt
 
     flagged = con.execute(
-        f"""SELECT r.prompt_tokens, {ttft}, a.verdict, a.excluded_by IS NOT NULL {flagged_sql}
-            ORDER BY md5(r.request_id), r.request_id LIMIT {FLAGGED_SAMPLE}""",
-        args,
+        """SELECT prompt_tokens, ttft_ms, verdict, excluded FROM findings_ttft_sample
+           WHERE sample = 'flagged' ORDER BY ordinal"""
     ).fetchall()
     plain = con.execute(
-        f"""SELECT r.prompt_tokens, {ttft} {plain_sql}
-            ORDER BY md5(r.request_id), r.request_id LIMIT {UNFLAGGED_SAMPLE}""",
-        args,
+        """SELECT prompt_tokens, ttft_ms FROM findings_ttft_sample
+           WHERE sample = 'plain' ORDER BY ordinal"""
     ).fetchall()
     values = [
         {"prompt_tokens": p, "ttft_ms": round(float(t), 3), "verdict": "not flagged"}
@@ -346,7 +319,7 @@ def tokens_vs_ttft(con: duckdb.DuckDBPyConnection, data: ReportData) -> Chart:
         )
     )
     layers = [points]
-    fit = _expected_ttft(con)
+    fit = _expected_ttft(stated.get("fit"))
     if fit:
         intercept, slope, factor = fit
         # Over the lengths the fit was made for (long enough that prefill, not queueing, sets
@@ -421,7 +394,7 @@ def tokens_vs_ttft(con: duckdb.DuckDBPyConnection, data: ReportData) -> Chart:
     )
     shown_plain = (
         f"all {n_plain:,} unflagged requests"
-        if n_plain <= UNFLAGGED_SAMPLE
+        if n_plain <= PLAIN_SAMPLE
         else f"a sample of {len(plain):,} of {n_plain:,} unflagged requests (by a hash of the"
         " request id)"
     )

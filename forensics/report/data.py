@@ -186,7 +186,7 @@ def _tuning(used: dict[str, Any]) -> list[dict]:
 def all_tenant_ids(con: duckdb.DuckDBPyConnection) -> set[str]:
     """Every tenant id the case mentions anywhere a report could show it."""
     sql = """
-    SELECT tenant_id FROM requests UNION SELECT tenant_id FROM tenants
+    SELECT tenant_id FROM findings_tenants UNION SELECT tenant_id FROM tenants
     UNION SELECT tenant_id FROM findings_affected
     UNION SELECT recipient_tenant_id FROM findings_exposures
     UNION SELECT source_tenant_id FROM findings_exposures
@@ -270,11 +270,7 @@ def load_report_data(
         coverage_summary=_coverage_summary(facts.get("coverage")),
         tuning=_tuning(facts.get("parameters") or {}),
         fix=_fix(con, case, tx),
-        customer_tenants=scalar(
-            con,
-            """SELECT count(DISTINCT tenant_id) FROM requests
-               WHERE request_id NOT IN (SELECT request_id FROM findings_excluded)""",
-        ),
+        customer_tenants=scalar(con, "SELECT count(*) FROM findings_tenants WHERE customer"),
         basis=_basis(facts.get("evidence_basis"), tx),
         incomplete_evidence=incomplete,
         quality=_data_quality(con, case.folder, tx),

@@ -120,8 +120,8 @@ reads AS (
     AND notified_confidence(e.confidence)
 ),
 sent AS (
-  SELECT request_id, tenant_id, min(received_at) AS received_at FROM requests
-  WHERE tenant_id IN (SELECT unnest($tenants)) GROUP BY request_id, tenant_id
+  SELECT request_id, tenant_id, received_at FROM findings_source_requests
+  WHERE tenant_id IN (SELECT unnest($tenants))
 )
 SELECT x.tenant_id, x.source_request_id AS request_id, {iso_sent} AS received_at,
        count(DISTINCT recipient_request_id)
