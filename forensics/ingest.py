@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -322,6 +322,8 @@ def ingest_file(
     progress: Progress | None = None,
     label: str | None = None,
     tenant_field: str | None = None,
+    check_duplicates: bool = True,
+    flags: Sequence[tuple[int, str | None, str]] | None = None,
 ) -> FileResult:
     """Load one evidence file into its canonical table, in one transaction.
 
@@ -339,6 +341,11 @@ def ingest_file(
         progress: called with (label, bytes done, bytes total) while the file loads.
         label: the name recorded in ``evidence.path`` and in messages (default: ``path``).
         tenant_field: the field holding the tenant, where it is not the format's default.
+        check_duplicates: find the rows that repeat an event already loaded (or an earlier
+            row of the file) and reject them; off where the caller judges repeats across
+            every file at once (evidence read in place: :mod:`forensics.lake`).
+        flags: ``(source_row, column, reason)`` of rows to reject with that reason instead
+            (the repeats such a caller found); they must be rows that load.
 
     Returns:
         The file's result; ``skipped`` is True when a file with the same sha256 was already
@@ -390,7 +397,19 @@ def ingest_file(
                 defaults,
                 tenant_field,
             )
-            staged = _Staged(kind, fmt_name, label, sha, size, source, tag, timezone, defaults)
+            staged = _Staged(
+                kind,
+                fmt_name,
+                label,
+                sha,
+                size,
+                source,
+                tag,
+                timezone,
+                defaults,
+                check_duplicates=check_duplicates,
+                flags=flags,
+            )
             result = _load(con, staged, report, progress is not None)
         except duckdb.OutOfMemoryException as exc:
             from forensics.db import memory_error
@@ -513,6 +532,9 @@ class _Staged:
     tag: str
     tz: str
     defaults: dict[str, Any]
+    # Repeats of loaded events are found here, or given (``flags``), or not judged at all.
+    check_duplicates: bool = True
+    flags: Sequence[tuple[int, str | None, str]] | None = None
 
     def sql(self, flagged: str | None = None) -> str:
         """Its casting query (see :func:`stage_sql`); ``flagged`` rows rejected as well."""
@@ -594,7 +616,12 @@ def _finish(
     # by design: those are not duplicates.
     replacing = [] if outcome != "loaded" else _partial_loads(con, label, kind, eid)
     duplicates = conflicts = 0
-    flagged = _duplicates(con, kind, eid, label, replacing, tag)
+    if staged.flags is not None:
+        flagged = _given_flags(con, staged.flags, tag)
+    elif staged.check_duplicates:
+        flagged = _duplicates(con, kind, eid, label, replacing, tag)
+    else:
+        flagged = None
     if flagged is not None:
         duplicates, conflicts = first_row(
             con,
@@ -706,6 +733,32 @@ def _partial_loads(con: duckdb.DuckDBPyConnection, label: str, kind: str, eid: i
     ]
 
 
+def _same(a: str, b: str, names: Iterable[str]) -> str:
+    """SQL: rows ``a`` and ``b`` agree on every column of ``names`` (NULL equal to NULL)."""
+    return " AND ".join(
+        f"{a}.{sql_ident(c)} IS NOT DISTINCT FROM {b}.{sql_ident(c)}" for c in names
+    )
+
+
+def _repeat_reason(kind: str, c: str = "c", k: str = "k") -> str:
+    """SQL of the reason row ``c`` is rejected as a repeat of the kept row ``k`` of the same
+    identity (``k.where_kept`` says where that is): an exact duplicate when every canonical
+    column is the same, else a conflicting one naming the columns that differ."""
+    identity = schema.IDENTITY[kind]
+    cols = [col.name for col in schema.columns(kind)]
+    differs = ", ".join(
+        f"CASE WHEN {c}.{sql_ident(n)} IS DISTINCT FROM {k}.{sql_ident(n)} THEN {sql_str(n)} END"
+        for n in cols
+    )
+    names = " and ".join(identity) if len(identity) < 3 else ", ".join(identity)
+    return (
+        f"CASE WHEN {_same(c, k, cols)} "
+        f"THEN '{EXACT_DUPLICATE}: same content as ' || {k}.where_kept || ', which is loaded' "
+        f"ELSE '{CONFLICTING_DUPLICATE}: same {names} as ' || {k}.where_kept "
+        f"|| ', which is loaded, but a different ' || concat_ws(', ', {differs}) END"
+    )
+
+
 def _duplicates(
     con: duckdb.DuckDBPyConnection,
     kind: str,
@@ -730,13 +783,7 @@ def _duplicates(
     identity = schema.IDENTITY.get(kind)
     if not identity:
         return None
-    cols = [c.name for c in schema.columns(kind)]
     key = ", ".join(sql_ident(c) for c in identity)
-
-    def same(a: str, b: str, names: Iterable[str]) -> str:
-        return " AND ".join(
-            f"{a}.{sql_ident(c)} IS NOT DISTINCT FROM {b}.{sql_ident(c)}" for c in names
-        )
 
     def older(alias: str = "") -> str:
         # Rows loaded before this file, but not those of the partial loads it replaces.
@@ -751,40 +798,78 @@ def _duplicates(
         f"CREATE OR REPLACE TEMP TABLE {keys} AS "
         f"SELECT {key} FROM {kind} WHERE evidence_id = {eid} GROUP BY ALL HAVING count(*) > 1 "
         f"UNION SELECT {', '.join(f'n.{sql_ident(c)}' for c in identity)} FROM {kind} n "
-        f"SEMI JOIN (SELECT {key} FROM {kind} WHERE {older()}) o ON {same('n', 'o', identity)} "
+        f"SEMI JOIN (SELECT {key} FROM {kind} WHERE {older()}) o ON {_same('n', 'o', identity)} "
         f"WHERE n.evidence_id = {eid}",
     )
     if not repeated:
         con.execute(f"DROP TABLE {keys}")
         return None
-    differs = ", ".join(
-        f"CASE WHEN c.{sql_ident(n)} IS DISTINCT FROM k.{sql_ident(n)} THEN {sql_str(n)} END"
-        for n in cols
-    )
-    names = " and ".join(identity) if len(identity) < 3 else ", ".join(identity)
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE {flagged} AS
         WITH c AS (
           SELECT t.*, row_number() OVER (PARTITION BY {key} ORDER BY evidence_id, source_row)
                    AS __kv_rank
-          FROM {kind} t SEMI JOIN {keys} d ON {same("t", "d", identity)}
+          FROM {kind} t SEMI JOIN {keys} d ON {_same("t", "d", identity)}
           WHERE t.evidence_id = {eid} OR ({older("t.")})
         ),
         k AS (SELECT * FROM c WHERE __kv_rank = 1)
-        SELECT c.source_row, {sql_str(identity[0])} AS column_name,
-          CASE WHEN {same("c", "k", cols)}
-            THEN '{EXACT_DUPLICATE}: same content as ' || where_kept || ', which is loaded'
-            ELSE '{CONFLICTING_DUPLICATE}: same {names} as ' || where_kept
-                 || ', which is loaded, but a different ' || concat_ws(', ', {differs})
-          END AS reason
+        SELECT c.source_row, {sql_str(identity[0])} AS column_name, {_repeat_reason(kind)} AS reason
         FROM c JOIN (
           SELECT k.*, CASE WHEN k.evidence_id = {eid} THEN {sql_str(label)} ELSE e.path END
                       || ':' || k.source_row AS where_kept
           FROM k LEFT JOIN evidence e USING (evidence_id)
-        ) k ON {same("c", "k", identity)}
+        ) k ON {_same("c", "k", identity)}
         WHERE c.__kv_rank > 1 AND c.evidence_id = {eid}"""
     )
     con.execute(f"DROP TABLE {keys}")
+    return flagged
+
+
+def repeats_sql(kind: str, rows: str, files: str) -> str | None:
+    """The rows of every file of one kind at once that repeat an event of an earlier row: the
+    set-based form of what loading the files one after the other finds (:func:`_duplicates`).
+
+    ``rows`` is a relation of the kind's canonical columns with ``evidence_id`` and
+    ``source_row`` (every row of every file, none judged yet); ``files`` one of
+    ``(evidence_id, path)``. Of the rows that share an identity the first by evidence id, then
+    source row, is kept, as it is when the files load in that order: each later one is flagged
+    against it. Returns a query of ``(evidence_id, source_row, column_name, reason)``, or None
+    when the kind has no identity. Written in DuckDB's SQL; Spark runs it translated.
+    """
+    identity = schema.IDENTITY.get(kind)
+    if not identity:
+        return None
+    key = ", ".join(sql_ident(c) for c in identity)
+    return f"""WITH keys AS (SELECT {key} FROM {rows} GROUP BY {key} HAVING count(*) > 1),
+c AS (
+  SELECT t.*, row_number() OVER (PARTITION BY {key} ORDER BY evidence_id, source_row)
+           AS __kv_rank
+  FROM {rows} t SEMI JOIN keys d ON {_same("t", "d", identity)}
+),
+k AS (
+  SELECT c.*, f.path || ':' || c.source_row AS where_kept
+  FROM c JOIN {files} f ON f.evidence_id = c.evidence_id
+  WHERE c.__kv_rank = 1
+)
+SELECT c.evidence_id, c.source_row, {sql_str(identity[0])} AS column_name,
+       {_repeat_reason(kind)} AS reason
+FROM c JOIN k ON {_same("c", "k", identity)}
+WHERE c.__kv_rank > 1"""
+
+
+def _given_flags(
+    con: duckdb.DuckDBPyConnection, flags: Sequence[tuple[int, str | None, str]], tag: str
+) -> str | None:
+    """The rows a caller flagged, as the table :func:`_duplicates` makes (None: no row)."""
+    if not flags:
+        return None
+    flagged = f"__kv_dups_{tag}"
+    rows, columns, reasons = (list(v) for v in zip(*flags, strict=True))
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE {flagged} AS SELECT unnest(?::BIGINT[]) AS source_row, "
+        "unnest(?::VARCHAR[]) AS column_name, unnest(?::VARCHAR[]) AS reason",
+        [rows, columns, reasons],
+    )
     return flagged
 
 

@@ -213,3 +213,83 @@ def test_the_report_counts_each_request_once_and_shows_the_duplicates(tmp_path, 
     md = (out / "report.md").read_text()
     assert "| requests | `request_id` | exact duplicate | 11 | " in md
     assert "No row repeats an event already loaded." in (reference / "report.md").read_text()
+
+
+# --- repeats judged across every file at once (evidence read in place) ----------------------
+
+LEG = {
+    "request_id": "e1",
+    "role": "decode",
+    "node": "decode-1",
+    "started_at": "2026-09-08T14:00:00Z",
+    "reserved_tokens": 64,
+}
+
+
+def _three_files(tmp_path: Path, kind: str) -> list[Path]:
+    base = ROW if kind == "requests" else LEG
+    other = "request_id"
+    return [
+        jsonl(
+            tmp_path / "a.jsonl",
+            [base, dict(base, **{other: "x2"}), base, dict(base, **{other: "x3"})],
+        ),
+        jsonl(
+            tmp_path / "b.jsonl",
+            [
+                dict(base, **{other: "x2"}),
+                dict(base, **{other: "x4"}),
+                # A conflicting copy of a row of a.jsonl, then an exact one of it.
+                dict(base, **({"tenant_id": "acct_z"} if kind == "requests" else {"error": "e"})),
+                base,
+            ],
+        ),
+        jsonl(tmp_path / "c.jsonl", [dict(base, **{other: "x4"}), dict(base, **{other: "x5"})]),
+    ]
+
+
+def test_repeats_across_every_file_at_once_are_the_ones_loading_in_order_finds(tmp_path):
+    # Read in place, each file is loaded on its own without judging repeats, and one query
+    # over all of them flags what loading them one after the other rejects, with the same
+    # reasons; loading each file again with those flags gives the same tables.
+    from forensics.ingest import repeats_sql
+
+    for kind in ("requests", "engine_legs"):
+        folder = tmp_path / kind
+        folder.mkdir()
+        files = _three_files(folder, kind)
+        in_order = connect(":memory:")
+        for path in files:
+            ingest_file(in_order, path, kind)
+        expected = in_order.execute(
+            "SELECT evidence_id, source_row, column_name, reason FROM rejects ORDER BY 1, 2"
+        ).fetchall()
+        assert len(expected) == 5, expected  # two in a.jsonl, two in b.jsonl, one in c.jsonl
+
+        alone = connect(":memory:")
+        for path in files:
+            result = ingest_file(alone, path, kind, check_duplicates=False)
+            assert result.rows_rejected == 0
+        alone.execute("CREATE TEMP TABLE files AS SELECT evidence_id, path FROM evidence")
+        sql = repeats_sql(kind, kind, "files")
+        assert sql is not None
+        flags = alone.execute(f"SELECT * FROM ({sql}) ORDER BY 1, 2").fetchall()
+        assert flags == expected
+
+        again = connect(":memory:")
+        for eid, path in enumerate(files, start=1):
+            mine = [(row, col, reason) for e, row, col, reason in flags if e == eid]
+            ingest_file(again, path, kind, check_duplicates=False, flags=mine)
+        for table in (kind, "rejects", "evidence"):
+            columns = "* EXCLUDE (loaded_at)" if table == "evidence" else "*"
+            got, want = (
+                c.execute(f"SELECT {columns} FROM {table} ORDER BY ALL").fetchall()
+                for c in (again, in_order)
+            )
+            assert got == want, table
+
+
+def test_a_kind_without_identity_has_no_repeats():
+    from forensics.ingest import repeats_sql
+
+    assert repeats_sql("tenants", "t", "f") is None
