@@ -121,21 +121,54 @@ SPARK_CONF_OPT = typer.Option(
     callback=check_spark_conf,
     help="A Spark setting (repeatable), over the manifest's [engine].conf.",
 )
+IN_PLACE_OPT = typer.Option(
+    False,
+    "--in-place",
+    help="Spark reads every evidence file where it lies (local paths or s3a://, gs://, "
+    'abfss:// URIs) instead of the case database ([engine] evidence = "in-place").',
+)
 
 
-def with_engine(case: Any, engine: str | None, master: str | None, conf: list[str] | None):
-    """The case with the engine options of the command line over its manifest's."""
+def with_engine(
+    case: Any,
+    engine: str | None,
+    master: str | None,
+    conf: list[str] | None,
+    in_place: bool = False,
+):
+    """The case with the engine options of the command line over its manifest's.
+
+    Raises:
+        typer.BadParameter: evidence read in place with an engine other than Spark.
+    """
     from dataclasses import replace
 
-    if engine is None and master is None and not conf:
+    from forensics.case import IN_PLACE
+
+    if engine is None and master is None and not conf and not in_place:
         return case
     name = engine or case.engine.name
+    evidence = IN_PLACE if in_place else case.engine.evidence
+    if evidence == IN_PLACE and name != "spark":
+        where = "--in-place" if in_place else '[engine] evidence = "in-place"'
+        raise typer.BadParameter(f"{where} is read by Spark: add --engine spark")
     settings = dict(case.engine.conf)
     for item in conf or []:  # checked while parsing (check_spark_conf)
         key, _, value = item.partition("=")
         settings[key.strip()] = value.strip()
-    chosen = replace(case.engine, name=name, master=master or case.engine.master, conf=settings)
+    chosen = replace(
+        case.engine,
+        name=name,
+        master=master or case.engine.master,
+        conf=settings,
+        evidence=evidence,
+    )
     return replace(case, engine=chosen)
+
+
+# The base of typer.BadParameter: a usage error, which the command line prints with its usage
+# line and exit code 2 wherever it is raised.
+_UsageError: type[Exception] = typer.BadParameter.__mro__[1]
 
 
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -145,7 +178,9 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (typer.Exit, typer.Abort, SystemExit):
+        except (typer.Exit, typer.Abort, SystemExit, _UsageError):
+            # A usage error found after parsing (options that contradict the manifest) is
+            # still one: click prints it with the usage line and exits 2.
             raise
         except ForensicsError as exc:
             if _state["debug"]:

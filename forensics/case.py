@@ -125,6 +125,20 @@ class Detection:
 
 
 ENGINES = ("duckdb", "spark")
+IN_PLACE = "in-place"
+EVIDENCE_READS = ("database", IN_PLACE)
+# A pattern that names a file system by its scheme (s3a://, gs://, abfss://, hdfs://, file://)
+# is read where it lies, by Spark; it is kept as written, not resolved against the manifest.
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def is_uri(pattern: str) -> bool:
+    """Whether an evidence pattern is a URI (read in place by Spark), not a local path.
+
+    >>> is_uri("s3a://logs/requests-*.parquet"), is_uri("evidence/*.jsonl"), is_uri("C:/x")
+    (True, False, False)
+    """
+    return bool(_URI.match(pattern))
 
 
 @dataclass(frozen=True)
@@ -137,12 +151,20 @@ class Engine:
         conf: Spark settings, each ``spark.*`` key with its value as text.
         staging: where the evidence tables are written as Parquet for Spark to read: a folder
             every executor can read (default: ``<database>.spark/`` beside the database).
+        evidence: ``database`` (ingest loads the evidence into the case database, Spark reads
+            a staged copy) or ``in-place`` (Spark reads every [[evidence]] file where it lies,
+            and the case database keeps only what the report reads: :mod:`forensics.lake`).
     """
 
     name: str = "duckdb"
     master: str = "local[*]"
     conf: dict[str, str] = field(default_factory=dict)
     staging: str | None = None
+    evidence: str = "database"
+
+    @property
+    def in_place(self) -> bool:
+        return self.evidence == IN_PLACE
 
 
 def conf_value(value: Any) -> str:
@@ -355,10 +377,15 @@ def load_case(path: str | Path) -> Case:
 
 def _engine(path: Path, table: Any) -> Engine:
     r = _Reader(path, "[engine]", table)
-    r.check_keys({"name", "master", "conf", "staging"})
+    r.check_keys({"name", "master", "conf", "staging", "evidence"})
     name = r.get("name", str, "duckdb")
     if name not in ENGINES:
         r.fail("name", f"must be one of {', '.join(ENGINES)}, got {name!r}")
+    evidence = r.get("evidence", str, "database")
+    if evidence not in EVIDENCE_READS:
+        r.fail("evidence", f"must be one of {', '.join(EVIDENCE_READS)}, got {evidence!r}")
+    if evidence == IN_PLACE and name != "spark":
+        r.fail("evidence", 'in-place is read by Spark: it needs name = "spark"')
     conf = r.get("conf", dict, {})
     for key, value in conf.items():
         if not key.startswith("spark."):
@@ -370,6 +397,7 @@ def _engine(path: Path, table: Any) -> Engine:
         master=r.get("master", str, Engine.master),
         conf={key: conf_value(value) for key, value in conf.items()},
         staging=r.get("staging", str),
+        evidence=evidence,
     )
 
 
@@ -405,7 +433,7 @@ def _evidence(path: Path, i: int, item: Any, tz: str) -> Evidence:
     return Evidence(
         kind=kind,
         format=fmt,
-        paths=tuple(str(path.parent / p) for p in patterns),
+        paths=tuple(p if is_uri(p) else str(path.parent / p) for p in patterns),
         node=r.get("node", str),
         role=role,
         observed_at=r.instant("observed_at", tz),

@@ -162,11 +162,19 @@ def publish_findings(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(f"DROP TABLE temp.{table}")
 
 
-def open_case(case_path: str | Path, memory_limit: str | None = None, *, read_only: bool = False):
+def open_case(
+    case_path: str | Path,
+    memory_limit: str | None = None,
+    *,
+    read_only: bool = False,
+    create: bool = False,
+):
     """Load a manifest and open its existing case database; returns ``(case, connection)``.
 
     ``memory_limit`` overrides the manifest's ``[database].memory_limit``; ``read_only`` opens
-    it for reading only (the report: nothing it does can change the evidence or findings).
+    it for reading only (the report: nothing it does can change the evidence or findings);
+    ``create`` makes it when there is none yet (a detection that reads the evidence in place
+    has no ingest before it).
 
     Raises:
         ForensicsError: the manifest is invalid, or nothing has been ingested for it yet.
@@ -178,7 +186,7 @@ def open_case(case_path: str | Path, memory_limit: str | None = None, *, read_on
     case = load_case(case_path)
     if memory_limit is not None:
         case = replace(case, memory_limit=memory_limit)
-    if not case.database.exists():
+    if not case.database.exists() and not create:
         raise ForensicsError(
             f"{case.database}: no case database yet; run `forensics ingest {case_path}`"
             f" (or `forensics run {case_path}`) first"

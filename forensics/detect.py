@@ -126,6 +126,9 @@ class DetectSummary:
     exposures: int
     warnings: list[str] = field(default_factory=list)
     excluded: int = 0  # of the affected: responses to excluded traffic
+    # Evidence read in place by this detection (forensics.lake): what a local ingest of the
+    # same files would report (an IngestResult), or None when detection read the case database.
+    ingested: Any = None
 
 
 def run_detectors(

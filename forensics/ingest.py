@@ -895,7 +895,7 @@ def _replace_partial(con: duckdb.DuckDBPyConnection, label: str, kind: str, eid:
 # --- many files ------------------------------------------------------------------------------
 
 
-def _label(path: Path, folder: Path) -> str:
+def file_label(path: Path, folder: Path) -> str:
     """A path relative to the case folder when it lies inside it (portable, stable)."""
     try:
         return path.resolve().relative_to(folder.resolve()).as_posix()
@@ -907,13 +907,13 @@ def _columns(kind: str) -> set[str]:
     return {c.name for c in schema.columns(kind)}
 
 
-def _defaults(kind: str, entry: Any) -> dict[str, Any]:
+def entry_defaults(kind: str, entry: Any) -> dict[str, Any]:
     names = _columns(kind)
     given = {"node": entry.node, "role": entry.role, "observed_at": entry.observed_at}
     return {k: v for k, v in given.items() if v is not None and k in names}
 
 
-def _rows_in(path: Path) -> int | None:
+def rows_in(path: Path) -> int | None:
     """How many rows a file says it holds without reading them (a Parquet footer), else None."""
     from forensics.readers import detect_type
 
@@ -1049,25 +1049,28 @@ def _load_one(
         # next file would fail the same way.
         raise
     except ForensicsError as exc:
-        message = str(exc)
-        message = message.removeprefix(f"{label}: ")
-        # A decoder may quote the damaged bytes; the message stays one printable line.
-        message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
         result.failures.append(
             FileFailure(
                 label,
                 kind,
-                message,
+                failure_message(exc, label),
                 format=fmt,
                 entry=entry,
                 sha256=getattr(exc, "sha256", None),
                 bytes=getattr(exc, "bytes", None),
-                rows_lost=_rows_in(path),
+                rows_lost=rows_in(path),
                 file=str(path.resolve()),
             )
         )
     else:
         _loaded(con, result, done, path)
+
+
+def failure_message(exc: Exception, label: str) -> str:
+    """What a file's failure says, without its name: one printable line (a decoder may quote
+    the damaged bytes)."""
+    message = str(exc).removeprefix(f"{label}: ")
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
 
 
 def _batchable(con: duckdb.DuckDBPyConnection, job: _Job) -> _Batchable | None:
@@ -1255,7 +1258,7 @@ def _few_checkpoints(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
     con.execute("CHECKPOINT")
 
 
-def _record_failures(
+def record_failures(
     con: duckdb.DuckDBPyConnection,
     source: str,
     failures: list[FileFailure],
@@ -1303,6 +1306,57 @@ def _record_failures(
         raise
 
 
+def evidence_in_place(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
+    """The kinds whose rows the last read of this case left where they lie (read in place by
+    Spark: :mod:`forensics.lake`), with how many rows each holds there; empty when the
+    evidence is in the case database."""
+    return dict(con.execute("SELECT kind, rows_loaded FROM evidence_in_place").fetchall())
+
+
+def refused_in_place(kinds: dict[str, int]) -> str:
+    """Why a detection that does not read in place refuses a case whose evidence was read in
+    place: the case database holds none of its requests, and would be found clean.
+
+    >>> print(refused_in_place({"requests": 1200, "engine_legs": 2400, "kv_allocations": 0}))
+    the evidence of this case was read in place by Spark (1,200 requests and 2,400
+    engine_legs where they lie, none in the case database): detect it in place again
+    (--engine spark --in-place, or [engine] evidence = "in-place"), or load it here with
+    forensics ingest first
+    """
+    held = " and ".join(f"{n:,} {k}" for k, n in kinds.items() if n) or "its rows"
+    return (
+        f"the evidence of this case was read in place by Spark ({held} where they lie, none "
+        "in the case database): detect it in place again (--engine spark --in-place, or "
+        '[engine] evidence = "in-place"), or load it here with forensics ingest first'
+    )
+
+
+def clear_evidence(con: duckdb.DuckDBPyConnection) -> None:
+    """Empty every evidence table of the case database and its bookkeeping but the failures
+    (whoever records those replaces them), inside the caller's transaction."""
+    for kind in schema.KINDS:
+        con.execute(f"DELETE FROM {kind}")
+    con.execute("DELETE FROM rejects")
+    con.execute("DELETE FROM evidence")
+    con.execute("DELETE FROM evidence_in_place")
+
+
+def _leave_in_place(con: duckdb.DuckDBPyConnection) -> None:
+    """Before loading files into a case whose evidence was read in place: its records say
+    what lies elsewhere, not what this database holds, so they go (a file they list would
+    otherwise count as loaded already)."""
+    if not evidence_in_place(con):
+        return
+    con.execute("BEGIN TRANSACTION")
+    try:
+        clear_evidence(con)
+        con.execute("DELETE FROM evidence_failures")
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+
+
 def ingest_case(case: Case, progress: Progress | None = None) -> IngestResult:
     """Load every file of every [[evidence]] entry of a case into ``case.database``.
 
@@ -1313,11 +1367,21 @@ def ingest_case(case: Case, progress: Progress | None = None) -> IngestResult:
     ``evidence_failures`` as the manifest's current state: one fixed since the last ingest
     disappears, and a file already loaded keeps the outcome recorded when it was loaded.
     """
+    from forensics.case import is_uri
     from forensics.db import connect
 
+    for i, entry in enumerate(case.evidence, start=1):
+        for pattern in entry.paths:
+            if is_uri(pattern):
+                raise ForensicsError(
+                    f"[[evidence]] #{i}: {pattern} is a URI, which only Spark reads, where it "
+                    'lies: set [engine] name = "spark" and evidence = "in-place" (or pass '
+                    "--engine spark --in-place to run or detect)"
+                )
     result = IngestResult()
     con = connect(case.database, memory_limit=case.memory_limit)
     try:
+        _leave_in_place(con)
         with _few_checkpoints(con):
             for i, entry in enumerate(case.evidence, start=1):
                 files: list[Path] = []
@@ -1328,7 +1392,7 @@ def ingest_case(case: Case, progress: Progress | None = None) -> IngestResult:
                     if not found:
                         result.failures.append(
                             FileFailure(
-                                _label(Path(pattern), case.folder),
+                                file_label(Path(pattern), case.folder),
                                 entry.kind,
                                 f"no file matches this pattern ([[evidence]] #{i},"
                                 f" kind {entry.kind})",
@@ -1338,7 +1402,7 @@ def ingest_case(case: Case, progress: Progress | None = None) -> IngestResult:
                             )
                         )
                     files += found
-                defaults = _defaults(entry.kind, entry)
+                defaults = entry_defaults(entry.kind, entry)
                 jobs = [
                     (
                         f,
@@ -1346,13 +1410,13 @@ def ingest_case(case: Case, progress: Progress | None = None) -> IngestResult:
                         entry.format,
                         case.timezone,
                         defaults,
-                        _label(f, case.folder),
+                        file_label(f, case.folder),
                         entry.tenant_field,
                     )
                     for f in dict.fromkeys(files)
                 ]
                 _load_all(con, jobs, result, progress, entry=i)
-        _record_failures(con, "manifest", result.failures)
+        record_failures(con, "manifest", result.failures)
     finally:
         con.close()
     return result
@@ -1407,11 +1471,12 @@ def ingest_paths(
     files = list(dict.fromkeys(files))
     con = connect(db_path, memory_limit=memory_limit)
     try:
+        _leave_in_place(con)
         jobs = [(f, kind, fmt, timezone, defaults, str(f), tenant_field) for f in files]
         with _few_checkpoints(con):
             _load_all(con, jobs, result, progress)
         tried = [str(f) for f in files] + [f.path for f in result.failures]
-        _record_failures(con, "files", result.failures, tried)
+        record_failures(con, "files", result.failures, tried)
     finally:
         con.close()
     return result

@@ -53,8 +53,14 @@ def detect_and_scope(
     """
     from forensics.db import publish_findings
     from forensics.detect import detect_case
+    from forensics.ingest import evidence_in_place, refused_in_place
     from forensics.scope import scope_case
 
+    if case.engine.name != "spark" and evidence_in_place(con):
+        from forensics.errors import ForensicsError
+
+        # Its requests are not here: a detection of this database would find it clean.
+        raise ForensicsError(refused_in_place(evidence_in_place(con)))
     if case.engine.name == "spark":
         from forensics.spark import detect_on_spark
 
@@ -118,12 +124,15 @@ def run_case(
     of detection and of the report.
     """
     from forensics.db import connect
-    from forensics.ingest import ingest_case
+    from forensics.ingest import IngestResult, ingest_case
 
-    ingested = ingest_case(case, progress=on_file)
+    # Evidence read in place is read by detection, on Spark (forensics.lake), not loaded here.
+    ingested = IngestResult() if case.engine.in_place else ingest_case(case, progress=on_file)
     con = connect(case.database, memory_limit=case.memory_limit)
     try:
         detected, _ = detect_and_scope(con, case, progress)
+        if detected.ingested is not None:
+            ingested = detected.ingested
         report, problems = report_case(
             con, case, out_dir or case.folder / "report", as_of=as_of, progress=progress
         )

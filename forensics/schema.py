@@ -255,6 +255,15 @@ BOOKKEEPING_DDL = (
     # 'manifest' rows are the state of the case manifest at its last ingest (replaced whole each
     # time), 'files' rows come from loading files by name. ``entry`` is the [[evidence]] number;
     # ``file`` the resolved path of a failed file, so that loading it later clears the failure.
+    # Evidence read in place by Spark (forensics.lake): the kinds whose rows stay where they
+    # lie, each with the rows loaded there. Their tables here are then empty, and a detection
+    # that does not read in place refuses the case rather than find nothing in it.
+    """CREATE TABLE IF NOT EXISTS evidence_in_place (
+  kind VARCHAR NOT NULL,
+  rows_loaded BIGINT NOT NULL,
+  read_at TIMESTAMPTZ NOT NULL,
+  master VARCHAR
+)""",
     """CREATE TABLE IF NOT EXISTS evidence_failures (
   source VARCHAR NOT NULL,
   entry INTEGER,

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from forensics.dialect import ROWID, Macro, UntranslatableSQL, parse_macros, spark_tree
-from forensics.errors import ForensicsError
+from forensics.sparkerrors import SparkError, first_line, to_arrow
+from forensics.sparkerrors import error_line as _error_line
 
 if TYPE_CHECKING:
     import duckdb
@@ -79,10 +80,6 @@ def _package_zip() -> Path:
 _ROWS_PER_INSERT = 1000
 
 
-class SparkError(ForensicsError):
-    """A Spark job or statement failed: one line saying which statement and why."""
-
-
 def detect_on_spark(
     con: duckdb.DuckDBPyConnection, case: Case, progress: StepProgress | None = None
 ) -> DetectSummary:
@@ -102,9 +99,16 @@ def detect_on_spark(
 
     if importlib.util.find_spec("pyspark") is None:
         raise SparkError('the Spark engine needs pyspark: pip install "kv-forensics[spark]"')
+    from forensics.case import is_uri
+    from forensics.ingest import evidence_in_place, refused_in_place
+
     engine = case.engine
+    in_place = evidence_in_place(con)
+    if in_place and not engine.in_place:
+        raise SparkError(refused_in_place(in_place))
     default = case.database.with_name(case.database.name + ".spark")
-    staging = Path(engine.staging) if engine.staging else default
+    staging_uri = engine.staging if engine.staging and is_uri(engine.staging) else None
+    staging = Path(engine.staging) if engine.staging and not staging_uri else default
     if not staging.is_absolute():
         staging = case.folder / staging
     if progress:
@@ -115,19 +119,35 @@ def detect_on_spark(
     ours = SparkSession.getActiveSession() is None
     session = start_session(engine.master, engine.conf)
     staged: list[Path] = []
+    staged_urls: list[str] = []
     watch = StageWatch(session, progress) if progress else None
+    read = None
     try:
         ws = SparkWorkspace(session)
         install_macros(ws)  # type: ignore[arg-type]
-        if watch:
-            watch.step("Copying the evidence tables to Spark", 0, 0)
-        staged += ws.load_case_tables(con, staging)
+        if engine.in_place:
+            from forensics.lake import read_in_place
+
+            where = staging_uri or "file:" + str(staging.resolve())
+            read = read_in_place(ws, con, case, where, step=watch.step if watch else None)
+            staged_urls += read.staged
+        else:
+            if watch:
+                watch.step("Copying the evidence tables to Spark", 0, 0)
+            staged += ws.load_case_tables(con, staging)
         summary = detect_case(ws, case, progress=watch.step if watch else None)  # type: ignore[arg-type]
         for ddl in FINDINGS_DDL.values():
             con.execute(ddl)
         for table in SCOPE_DDL:
             con.execute(f"DROP TABLE IF EXISTS temp.{table}")
         ws.copy_findings(con, list(FINDINGS_DDL))
+        if read is not None:
+            summary.ingested = read.ingested
+            for line in read.changed:
+                summary.warnings.append(line)
+                con.execute(
+                    "INSERT INTO findings_warnings VALUES ('evidence_changed', $m)", {"m": line}
+                )
         # The report says where detection ran (a DuckDB detection has no such row).
         con.execute(
             "INSERT INTO findings_case VALUES ('engine', $v)",
@@ -136,6 +156,11 @@ def detect_on_spark(
     finally:
         if watch:
             watch.stop()
+        if staged_urls:
+            from forensics.lake import remove
+
+            for url in staged_urls:
+                remove(session, url)
         if ours:
             session.stop()
         # The staged copy holds every customer's evidence: it does not outlive the run.
@@ -263,7 +288,7 @@ class SparkWorkspace:
             self._result = None
             df = self._run(statement, values)
             if df is not None:
-                table = _to_arrow(df, statement)
+                table = to_arrow(df, statement)
                 self._result = _Result(_rows(table), list(table.column_names))
         return self
 
@@ -290,7 +315,7 @@ class SparkWorkspace:
     def sql(self, sql: str, params: dict[str, Any] | None = None) -> _Relation:
         df = self._run(sql, params)
         if df is None:
-            raise SparkError(f"not a query: {_first_line(sql)}")
+            raise SparkError(f"not a query: {first_line(sql)}")
         return _Relation(df, sql)
 
     def fetchone(self) -> tuple | None:
@@ -337,6 +362,10 @@ class SparkWorkspace:
         )
         self._replace(name, self.session.createDataFrame(table), materialise=False)
 
+    def register_dataframe(self, name: str, df: DataFrame) -> None:
+        """A Spark DataFrame as a table of the workspace (read as it is, not materialised)."""
+        self._replace(name, df, materialise=False)
+
     def unregister(self, name: str) -> None:
         self.session.catalog.dropTempView(name)
         self.tables.discard(name)
@@ -367,7 +396,7 @@ class SparkWorkspace:
     def copy_findings(self, con: duckdb.DuckDBPyConnection, names: list[str]) -> None:
         """Replace the case database's findings tables with the workspace's."""
         for name in names:
-            table = _to_arrow(self.session.table(name), f"copying {name} back")
+            table = to_arrow(self.session.table(name), f"copying {name} back")
             con.register("__spark_findings", table)
             columns = ", ".join(f'"{c}"' for c in table.column_names)
             con.execute(f"DELETE FROM {name}")  # noqa: S608 - fixed names
@@ -388,7 +417,7 @@ class SparkWorkspace:
         try:
             tree = sqlglot.parse_one(sql, read="duckdb")
         except sqlglot.errors.ParseError as exc:
-            raise UntranslatableSQL(f"{_first_line(sql)}: {str(exc).splitlines()[0]}") from None
+            raise UntranslatableSQL(f"{first_line(sql)}: {str(exc).splitlines()[0]}") from None
         if isinstance(tree, exp.Create) and tree.kind == "MACRO":
             self.macros.update(parse_macros(sql))
             return None
@@ -410,7 +439,7 @@ class SparkWorkspace:
             return None
         if isinstance(tree, exp.Query):
             return self._query(tree, values)
-        raise UntranslatableSQL(f"statement kind {type(tree).__name__}: {_first_line(sql)}")
+        raise UntranslatableSQL(f"statement kind {type(tree).__name__}: {first_line(sql)}")
 
     def _query(self, tree, values) -> DataFrame:
         from sqlglot import exp
@@ -437,7 +466,7 @@ class SparkWorkspace:
         try:
             return self.session.sql(text)
         except PySparkException as exc:
-            raise SparkError(f"{_error_line(exc)} (in: {_first_line(text)})") from None
+            raise SparkError(f"{_error_line(exc)} (in: {first_line(text)})") from None
 
     def _create(self, tree, values) -> None:
         from sqlglot import exp
@@ -565,26 +594,10 @@ class _Relation:
         return self._df
 
     def to_arrow_table(self) -> pa.Table:
-        return _to_arrow(self._df, self._sql)
+        return to_arrow(self._df, self._sql)
 
     def fetchall(self) -> list[tuple]:
-        return _rows(_to_arrow(self._df, self._sql))
-
-
-def _to_arrow(df: DataFrame, what: str) -> pa.Table:
-    """A result's rows, or the Spark job's failure as one line (its stage and cause)."""
-    try:
-        return df.toArrow()
-    except Exception as exc:
-        if type(exc).__name__ not in ("Py4JJavaError", "PythonException") and not _is_spark(exc):
-            raise
-        raise SparkError(f"{_error_line(exc)} (in: {_first_line(what)})") from None
-
-
-def _is_spark(exc: Exception) -> bool:
-    from pyspark.errors import PySparkException
-
-    return isinstance(exc, PySparkException)
+        return _rows(to_arrow(self._df, self._sql))
 
 
 def _rows(table: pa.Table) -> list[tuple]:
@@ -610,31 +623,6 @@ def _dialect():
     from forensics.dialect import spark_dialect
 
     return spark_dialect()
-
-
-def _first_line(sql: str) -> str:
-    lines = [
-        line.strip()
-        for line in sql.splitlines()
-        if line.strip() and not line.strip().startswith("--")
-    ]
-    text = " ".join(lines)
-    return text if len(text) <= 120 else text[:117] + "..."
-
-
-def _error_line(exc: Exception) -> str:
-    """The line of a Spark error that says what went wrong, without the JVM stack trace: the
-    first line, or for a Python error in a task the exception it ends with."""
-    import re
-
-    text = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-    if not text:
-        return type(exc).__name__
-    if "Python worker" in text[0]:
-        raised = [line for line in text if re.match(r"^[\w.]+(Error|Exception)\b.*:", line)]
-        if raised:
-            return f"Python error in a Spark task: {raised[-1]}"
-    return text[0]
 
 
 # --- the allocator replay, one Spark task per decode rank -----------------------------------
@@ -692,7 +680,7 @@ def replay_ranks(
         .applyInPandas(replay, schema=_REPLAY_OUTPUT)
     )
     try:
-        table = _to_arrow(found, "the allocator replay")
+        table = to_arrow(found, "the allocator replay")
     finally:
         ws.unregister("replay_ranks")
         ws.unregister("replay_timelines")

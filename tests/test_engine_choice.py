@@ -63,7 +63,18 @@ staging = "/mnt/shared/inc-1"
     [
         ('[engine]\nname = "flink"\n', "[engine].name: must be one of duckdb, spark, got 'flink'"),
         ("[engine]\nmaster = 7\n", "[engine].master: must be a string, got 7"),
-        ("[engine]\nnodes = 4\n", "[engine].nodes: unknown key (expected one of: conf, master"),
+        (
+            "[engine]\nnodes = 4\n",
+            "[engine].nodes: unknown key (expected one of: conf, evidence, master",
+        ),
+        (
+            '[engine]\nevidence = "lake"\n',
+            "[engine].evidence: must be one of database, in-place, got 'lake'",
+        ),
+        (
+            '[engine]\nevidence = "in-place"\n',
+            '[engine].evidence: in-place is read by Spark: it needs name = "spark"',
+        ),
         (
             '[engine.conf]\n"executor.memory" = "8g"\n',
             "[engine].conf.executor.memory: is not a Spark setting (those start with spark.)",
@@ -134,3 +145,79 @@ def test_a_staging_folder_that_cannot_be_made_is_one_line(tmp_path):
         f"cannot create the staging folder {blocker / 'staging'} ([engine].staging): "
         "Not a directory"
     )
+
+
+# --- evidence read in place (forensics.lake) --------------------------------------------------
+
+
+def test_in_place_evidence_is_read_from_the_manifest_and_keeps_uris(tmp_path):
+    manifest = _case(tmp_path, '[engine]\nname = "spark"\nevidence = "in-place"\n')
+    text = manifest.read_text().replace(
+        "[[evidence]]",
+        '[[evidence]]\nkind = "engine_legs"\npaths = ["s3a://logs/legs-*.parquet"]\n\n[[evidence]]',
+        1,
+    )
+    manifest.write_text(text)
+    case = load_case(manifest)
+    assert case.engine.in_place and case.engine.evidence == "in-place"
+    assert "s3a://logs/legs-*.parquet" in case.evidence[0].paths
+
+
+def test_in_place_with_duckdb_is_a_usage_error(tiny_case_dir):
+    result = CliRunner().invoke(app, ["detect", str(tiny_case_dir), "--in-place"])
+    assert result.exit_code == 2
+    assert "--in-place is read by Spark: add --engine spark" in " ".join(result.output.split())
+
+
+def test_a_uri_pattern_is_not_loaded_into_the_case_database(tmp_path):
+    manifest = _case(tmp_path, "")
+    text = manifest.read_text().replace(
+        "[[evidence]]",
+        '[[evidence]]\nkind = "requests"\npaths = ["gs://logs/requests-*.jsonl.gz"]\n\n'
+        "[[evidence]]",
+        1,
+    )
+    manifest.write_text(text)
+    result = CliRunner().invoke(app, ["ingest", str(manifest)])
+    assert result.exit_code == 1
+    assert (
+        "Error: [[evidence]] #1: gs://logs/requests-*.jsonl.gz is a URI, which only Spark reads, "
+        'where it lies: set [engine] name = "spark" and evidence = "in-place" (or pass --engine '
+        "spark --in-place to run or detect)"
+    ) in " ".join(result.output.split())
+
+
+def test_ingest_of_a_case_read_in_place_says_where_it_is_read(tmp_path):
+    manifest = _case(tmp_path, '[engine]\nname = "spark"\nevidence = "in-place"\n')
+    result = CliRunner().invoke(app, ["ingest", str(manifest)])
+    assert result.exit_code == 1
+    assert (
+        'Error: this case reads its evidence in place on Spark ([engine] evidence = "in-place"):'
+        " forensics run or forensics detect read it where it lies; nothing is loaded here"
+    ) in " ".join(result.output.split())
+
+
+def test_a_case_read_in_place_is_not_detected_from_its_empty_database(tiny_case_dir):
+    # Its requests lie elsewhere: detecting what the database holds would find it clean.
+    from forensics.case import load_case
+    from forensics.db import connect
+
+    runner = CliRunner()
+    assert runner.invoke(app, ["ingest", str(tiny_case_dir)]).exit_code in (0, 1)
+    case = load_case(tiny_case_dir)
+    con = connect(case.database)
+    con.execute("DELETE FROM requests")
+    con.execute("INSERT INTO evidence_in_place VALUES ('requests', 1200, now(), 'local[2]')")
+    con.close()
+    result = runner.invoke(app, ["detect", str(tiny_case_dir)])
+    assert result.exit_code == 1
+    assert (
+        "Error: the evidence of this case was read in place by Spark (1,200 requests where they "
+        "lie, none in the case database)"
+    ) in " ".join(result.output.split())
+    # Loading it here instead starts the database afresh from the manifest's files.
+    assert runner.invoke(app, ["ingest", str(tiny_case_dir)]).exit_code in (0, 1)
+    con = connect(case.database)
+    assert con.execute("SELECT count(*) FROM evidence_in_place").fetchone() == (0,)
+    assert con.execute("SELECT count(*) FROM requests").fetchone()[0] > 0
+    con.close()

@@ -295,11 +295,11 @@ def test_a_failed_task_is_one_line_naming_its_cause(spark):
     exception it ended with, not a JVM trace."""
     from pyspark.sql.functions import udf
 
-    from forensics.spark import SparkError, _to_arrow
+    from forensics.sparkerrors import SparkError, to_arrow
 
     broken = udf(lambda n: 1 / (n - n), "double")
     with pytest.raises(SparkError) as err:
-        _to_arrow(spark.range(3).select(broken("id")), "the allocator replay")
+        to_arrow(spark.range(3).select(broken("id")), "the allocator replay")
     message = str(err.value)
     assert message.startswith("Python error in a Spark task: ZeroDivisionError")
     assert message.endswith("(in: the allocator replay)") and "\n" not in message

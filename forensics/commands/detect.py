@@ -10,6 +10,7 @@ import typer
 from forensics.app import (
     CASE_ARG,
     ENGINE_OPT,
+    IN_PLACE_OPT,
     MEMORY_OPT,
     SPARK_CONF_OPT,
     SPARK_MASTER_OPT,
@@ -33,15 +34,19 @@ def detect(
     engine: str | None = ENGINE_OPT,
     spark_master: str | None = SPARK_MASTER_OPT,
     spark_conf: list[str] | None = SPARK_CONF_OPT,
+    in_place: bool = IN_PLACE_OPT,
 ) -> None:
     """Run every detector and write the findings tables."""
+    from forensics.case import load_case
     from forensics.db import open_case
     from forensics.pipeline import detect_and_scope
     from forensics.terminal import Col, Grid, Steps, make_console, plural, styled
 
-    case, con = open_case(case_path, memory_limit)
+    # Options that contradict each other or the manifest are usage errors, before anything.
+    chosen = with_engine(load_case(case_path), engine, spark_master, spark_conf, in_place)
+    case, con = open_case(case_path, memory_limit, create=chosen.engine.in_place)
     try:
-        case = with_engine(case, engine, spark_master, spark_conf)
+        case = with_engine(case, engine, spark_master, spark_conf, in_place)
         with Steps(make_console(stderr=True)) as steps:
             summary, _ = detect_and_scope(con, case, progress=steps.step)
     finally:

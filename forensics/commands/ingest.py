@@ -146,6 +146,11 @@ def _ingest(
 
     if kind is None:
         case = load_case(target)
+        if case.engine.in_place:
+            raise ForensicsError(
+                'this case reads its evidence in place on Spark ([engine] evidence = "in-place"):'
+                " forensics run or forensics detect read it where it lies; nothing is loaded here"
+            )
         if memory_limit is not None:
             from dataclasses import replace
 

@@ -11,6 +11,7 @@ import typer
 from forensics.app import (
     CASE_ARG,
     ENGINE_OPT,
+    IN_PLACE_OPT,
     MEMORY_OPT,
     SPARK_CONF_OPT,
     SPARK_MASTER_OPT,
@@ -231,6 +232,7 @@ def run(
     engine: str | None = ENGINE_OPT,
     spark_master: str | None = SPARK_MASTER_OPT,
     spark_conf: list[str] | None = SPARK_CONF_OPT,
+    in_place: bool = IN_PLACE_OPT,
 ):
     """Ingest, detect and report: the main job."""
     from dataclasses import replace
@@ -241,10 +243,11 @@ def run(
 
     when = _as_of(as_of)
     check_out(out)
-    case = with_engine(load_case(case_path), engine, spark_master, spark_conf)
+    case = with_engine(load_case(case_path), engine, spark_master, spark_conf, in_place)
     if memory_limit is not None:
         case = replace(case, memory_limit=memory_limit)
-    files = sum(len(entry.files()) for entry in case.evidence)
+    # Files read in place are read by Spark's tasks, not one by one here.
+    files = 0 if case.engine.in_place else sum(len(entry.files()) for entry in case.evidence)
     with Steps(make_console(stderr=True), files=files) as steps:
         done = run_case(case, out, as_of=when, on_file=steps.file, progress=steps.step)
     console = make_console()

@@ -1,0 +1,62 @@
+"""Spark's failures as one line each: which statement or stage, and why.
+
+Shared by detection on Spark (``forensics.spark``) and the evidence read in place
+(``forensics.lake``). A JVM stack trace reaches the user only with ``--debug``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from forensics.errors import ForensicsError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+
+
+class SparkError(ForensicsError):
+    """A Spark job or statement failed: one line saying which statement and why."""
+
+
+def to_arrow(df: DataFrame, what: str) -> pa.Table:
+    """A result's rows, or the Spark job's failure as one line (its stage and cause)."""
+    try:
+        return df.toArrow()
+    except Exception as exc:
+        if type(exc).__name__ not in ("Py4JJavaError", "PythonException") and not is_spark_error(
+            exc
+        ):
+            raise
+        raise SparkError(f"{error_line(exc)} (in: {first_line(what)})") from None
+
+
+def is_spark_error(exc: Exception) -> bool:
+    from pyspark.errors import PySparkException
+
+    return isinstance(exc, PySparkException)
+
+
+def first_line(sql: str) -> str:
+    lines = [
+        line.strip()
+        for line in sql.splitlines()
+        if line.strip() and not line.strip().startswith("--")
+    ]
+    text = " ".join(lines)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def error_line(exc: Exception) -> str:
+    """The line of a Spark error that says what went wrong, without the JVM stack trace: the
+    first line, or for a Python error in a task the exception it ends with."""
+    import re
+
+    text = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not text:
+        return type(exc).__name__
+    if "Python worker" in text[0]:
+        raised = [line for line in text if re.match(r"^[\w.]+(Error|Exception)\b.*:", line)]
+        if raised:
+            return f"Python error in a Spark task: {raised[-1]}"
+    return text[0]
