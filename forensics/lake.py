@@ -162,6 +162,12 @@ def _file_url(path: Path) -> str:
     return "file:" + str(path.resolve())
 
 
+def _file_of(url: str) -> str:
+    """What ``evidence_failures.file`` records of a file: a local file's resolved path, as a
+    local ingest records it, else the URL."""
+    return url[len("file:") :] if url.startswith("file:/") else url
+
+
 def _hadoop_path(session: SparkSession, url: str):
     jvm = session.sparkContext._jvm  # noqa: SLF001 - the Hadoop file systems live in the JVM
     assert jvm is not None  # a running session has one
@@ -440,7 +446,7 @@ def read_in_place(
                     format=f.format,
                     entry=f.entry,
                     bytes=f.bytes,
-                    file=f.url,
+                    file=_file_of(f.url),
                 )
             )
     files = [f for f in files if f.bytes <= MAX_FILE_BYTES]
@@ -604,7 +610,7 @@ def _judge_records(
                     sha256=record.get("sha256"),
                     bytes=record.get("bytes"),
                     rows_lost=record.get("rows_lost"),
-                    file=f.url,
+                    file=_file_of(f.url),
                 )
             )
             continue
@@ -621,7 +627,7 @@ def _judge_records(
                     entry=f.entry,
                     sha256=sha,
                     bytes=record.get("bytes"),
-                    file=f.url,
+                    file=_file_of(f.url),
                 )
             )
             continue

@@ -76,23 +76,28 @@ def test_spark_writes_the_outputs_duckdb_writes(spark, tmp_path, simulated):
     for name in OUTPUTS:
         duck = (tmp_path / "duckdb" / name).read_bytes()
         assert (tmp_path / "spark" / name).read_bytes() == duck, name
-    # And the rest of the report: every file the same (the findings tables by content), but
-    # for the line saying where detection ran, and manifest.json, which says it too and holds
-    # the two report files' checksums.
+    # And the rest of the report.
+    _same_report(tmp_path / "duckdb", tmp_path / "spark")
+    # The copy of the evidence Spark read does not outlive the run.
+    assert not (case / "case.duckdb.spark").exists()
+
+
+def _same_report(duck: Path, spark: Path) -> None:
+    """Every file of the two reports the same (the findings tables by content), but for the
+    line saying where detection ran, and manifest.json, which says it too and holds the two
+    report files' checksums."""
     import json
 
     import pyarrow.parquet as pq
 
-    written = sorted(p.relative_to(tmp_path / "duckdb") for p in (tmp_path / "duckdb").rglob("*"))
-    assert written == sorted(
-        p.relative_to(tmp_path / "spark") for p in (tmp_path / "spark").rglob("*")
-    )
+    written = sorted(p.relative_to(duck) for p in duck.rglob("*"))
+    assert written == sorted(p.relative_to(spark) for p in spark.rglob("*"))
     said = {
         "report.html": ' · <span id="engine">detection on Spark (<code>local[2]</code>)</span>',
         "report.md": " · detection on Spark (`local[2]`)",
     }
     for name in written:
-        duck_file, spark_file = tmp_path / "duckdb" / name, tmp_path / "spark" / name
+        duck_file, spark_file = duck / name, spark / name
         if duck_file.suffix == ".parquet":
             assert pq.read_table(spark_file).equals(pq.read_table(duck_file)), name
         elif str(name) in said:
@@ -109,8 +114,6 @@ def test_spark_writes_the_outputs_duckdb_writes(spark, tmp_path, simulated):
             assert spark_doc == duck_doc
         elif duck_file.is_file():
             assert spark_file.read_bytes() == duck_file.read_bytes(), name
-    # The copy of the evidence Spark read does not outlive the run.
-    assert not (case / "case.duckdb.spark").exists()
 
 
 # Each construct the translation rewrites, on values where DuckDB and a naive translation
@@ -303,3 +306,158 @@ def test_a_failed_task_is_one_line_naming_its_cause(spark):
     message = str(err.value)
     assert message.startswith("Python error in a Spark task: ZeroDivisionError")
     assert message.endswith("(in: the allocator replay)") and "\n" not in message
+
+
+# --- evidence read where it lies (forensics.lake) -------------------------------------------
+
+
+def _hard_evidence(case: Path) -> None:
+    """What a real read meets, added to a simulated case: a damaged file, repeats across files
+    (exact and conflicting, requests and engine legs), rows that do not load, a file with the
+    bytes of another, and a pattern that matches nothing."""
+    import gzip
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    evidence = case / "evidence"
+    days = sorted(evidence.glob("requests-*.jsonl.gz"))
+    with gzip.open(days[0], "rt") as fh:
+        rows = [json.loads(line) for line in fh][:5]
+    extra = [
+        rows[0],
+        rows[1],
+        dict(rows[3], prompt_tokens=rows[3]["prompt_tokens"] + 1),
+        dict(rows[4], received_at="yesterday"),
+        {
+            "request_id": "extra-1",
+            "tenant_id": "acct_extra",
+            "prompt_tokens": 10,
+            "received_at": "2026-09-01T00:00:00Z",
+            "http_status": 200,
+        },
+        {
+            "request_id": "extra-2",
+            "prompt_tokens": 10,
+            "received_at": "2026-09-01T00:00:00Z",
+            "http_status": 200,
+        },
+    ]
+    (evidence / "more").mkdir()
+    (evidence / "more" / "requests-extra.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in extra)
+    )
+    shutil.copy(days[1], evidence / "more" / "copy-of-day-2.jsonl.gz")
+    damaged = days[-1].read_bytes()
+    days[-1].write_bytes(damaged[: len(damaged) * 2 // 3])
+    # Three decode legs logged again in a file of their own, the first with another
+    # reservation: two exact repeats and one conflicting.
+    legs = pq.read_table(evidence / "engine_legs-decode.parquet").slice(0, 3)
+    copies = legs.to_pylist()
+    copies[0]["reserved_tokens"] = (copies[0]["reserved_tokens"] or 0) + 1
+    pq.write_table(
+        pa.Table.from_pylist(copies, schema=legs.schema), evidence / "engine_legs-dup.parquet"
+    )
+    with (case / "case.toml").open("a") as fh:
+        fh.write(
+            '\n[[evidence]]\nkind = "requests"\npaths = ["evidence/more/*.jsonl*", '
+            '"evidence/missing-*.jsonl"]\n'
+        )
+
+
+def _bookkeeping(database: Path) -> dict[str, list]:
+    import duckdb
+
+    con = duckdb.connect(str(database), read_only=True)
+    try:
+        # Each file by its path: a local ingest's evidence ids skip the numbers of loads it
+        # retried (a batch of files, then each alone), a read in place numbers them densely.
+        def by_path(table: str) -> str:
+            return (
+                f"SELECT e.path, t.* EXCLUDE (evidence_id) FROM {table} t "
+                "JOIN evidence e USING (evidence_id) ORDER BY e.path, t.source_row"
+            )
+
+        tables = {
+            "evidence": "SELECT * EXCLUDE (evidence_id, loaded_at) FROM evidence ORDER BY path",
+            "evidence order": "SELECT path FROM evidence ORDER BY evidence_id",
+            "rejects": "SELECT * EXCLUDE (evidence_id) FROM rejects ORDER BY path, source_row",
+            "evidence_failures": "SELECT * FROM evidence_failures ORDER BY ALL",
+            "pool_snapshots": by_path("pool_snapshots"),
+            "tenants": by_path("tenants"),
+        }
+        return {name: con.execute(sql).fetchall() for name, sql in tables.items()}
+    finally:
+        con.close()
+
+
+def test_evidence_read_in_place_gives_what_loading_it_gives(spark, tmp_path):
+    # The same files, loaded into the case database and detected there, or read where they
+    # lie by Spark's tasks: the same files, rows, rejects and failures recorded, the same
+    # report.
+    import duckdb
+
+    case = _simulate(tmp_path / "case", "--requests", "3000", "--kv-allocations")
+    _hard_evidence(case)
+    lake = tmp_path / "lake"
+    shutil.copytree(case, lake)
+    runner = CliRunner()
+    loaded = runner.invoke(app, ["run", str(case), "--out", str(tmp_path / "duckdb")])
+    read = runner.invoke(
+        app,
+        [
+            "run",
+            str(lake),
+            "--out",
+            str(tmp_path / "spark"),
+            "--engine",
+            "spark",
+            "--spark-master",
+            "local[2]",
+            "--in-place",
+        ],
+    )
+    # Both stop with exit 1, naming the same damaged file and missing pattern.
+    assert loaded.exit_code == read.exit_code == 1, read.output
+    problems = [line for line in loaded.output.splitlines() if line.startswith("Error:")]
+    assert len(problems) == 2 and "missing-" in " ".join(problems)
+    assert [line for line in read.output.splitlines() if line.startswith("Error:")] == problems
+    ingest_line = next(line for line in loaded.output.splitlines() if line.startswith("Ingest:"))
+    assert ingest_line in read.output.splitlines()
+    _same_report(tmp_path / "duckdb", tmp_path / "spark")
+
+    here, there = _bookkeeping(case / "case.duckdb"), _bookkeeping(lake / "case.duckdb")
+    assert there == here
+    reasons = " ".join(r[3] for r in here["rejects"])
+    assert "exact duplicate" in reasons and "conflicting duplicate" in reasons
+    assert "required value missing" in reasons and "not a timestamp" in reasons
+    damaged = sorted((case / "evidence").glob("requests-*.jsonl.gz"))[-1]
+    assert {r[0] for r in here["rejects"]} == {
+        "evidence/more/requests-extra.jsonl",
+        "evidence/engine_legs-dup.parquet",
+        f"evidence/{damaged.name}",  # the line the damage cut
+    }
+    outcomes = {r[10] for r in here["evidence"]}
+    assert outcomes == {"loaded", "partial"}
+
+    # The case database holds none of the rows that lie elsewhere, and says how many there are.
+    con = duckdb.connect(str(lake / "case.duckdb"), read_only=True)
+    held = dict(con.execute("SELECT kind, rows_loaded FROM evidence_in_place").fetchall())
+    for kind in ("requests", "engine_legs", "kv_allocations"):
+        assert con.execute(f"SELECT count(*) FROM {kind}").fetchone() == (0,)
+        assert (
+            held[kind]
+            == con.execute(
+                "SELECT sum(rows_loaded) FROM evidence WHERE kind = ?", [kind]
+            ).fetchone()[0]
+            > 0
+        )
+    con.close()
+    assert not (lake / "case.duckdb.spark").exists() or not any(
+        (lake / "case.duckdb.spark").iterdir()
+    )
+    # Detected from the database alone it would be clean: refused.
+    refused = runner.invoke(app, ["detect", str(lake)])
+    assert refused.exit_code == 1
+    assert "the evidence of this case was read in place by Spark" in refused.output
