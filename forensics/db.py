@@ -228,6 +228,30 @@ def insert_rows(con: duckdb.DuckDBPyConnection, kind: str, rows: list[dict], evi
         con.execute(sql, args)
 
 
+def in_place_note(case) -> str | None:
+    """For a case whose evidence was read in place by Spark: what its large tables hold here
+    (only the rows behind the findings), as one line; None for any other case."""
+    if not case.database.exists():
+        return None
+    con = connect(case.database, read_only=True)
+    try:
+        lying = con.execute(
+            "SELECT kind, rows_loaded FROM evidence_in_place ORDER BY kind"
+        ).fetchall()
+        if not lying:
+            return None
+        parts = []
+        for kind, total in lying:
+            here = scalar(con, f"SELECT count(*) FROM {kind}")  # noqa: S608 - fixed names
+            parts.append(f"{kind} {here:,} of {total:,}")
+    finally:
+        con.close()
+    return (
+        "note: this case's evidence was read in place by Spark; requests, engine_legs and "
+        "kv_allocations hold only the rows behind its findings here (" + ", ".join(parts) + ")"
+    )
+
+
 def query_case(case, query: str, limit: int) -> tuple[list[str], list[tuple], int]:
     """Run one statement on a case database opened read-only: (columns, first rows, row count).
 

@@ -195,6 +195,18 @@ def explain_request(
     if not found:
         found, legs = _engine_only(con, request_id)
     if not found:
+        from forensics.ingest import evidence_in_place
+
+        lying = evidence_in_place(con)
+        if lying:
+            # Read in place: the database holds only the rows behind the findings.
+            here = con.execute("SELECT count(*) FROM requests").fetchone()
+            raise ForensicsError(
+                f"request {request_id!r} is not among the requests the findings name: this "
+                "case's evidence was read in place by Spark, and the case database holds only "
+                f"the rows behind its findings ({here[0] if here else 0:,} of "
+                f"{lying.get('requests', 0):,} requests)"
+            )
         raise ForensicsError(f"request {request_id!r} is not in this case")
     tables = {r[0] for r in con.execute("SHOW TABLES").fetchall()}
     if "findings_affected" not in tables:

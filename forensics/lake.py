@@ -824,3 +824,62 @@ def _ids_table(ids: dict[int, int], labels: dict[int, str]) -> pa.Table:
             "path": pa.array([labels[o] for o in orders], pa.string()),
         }
     )
+
+
+def copy_extract(ws: Any, con: duckdb.DuckDBPyConnection) -> dict[str, int]:
+    """Copy into the case database the evidence rows behind the findings: every request a
+    finding names (flagged, a recipient or a source of an exposure) and the engine legs that
+    belong to them (by request id or PD bootstrap room), so that ``forensics explain`` tells
+    their story from the case database. Returns the rows copied per table.
+
+    The database then holds those rows only; ``evidence_in_place`` still says how many lie
+    where they were read, and detection still refuses to run on what is here.
+    """
+    from pyspark.sql import functions as F
+
+    from forensics.sparkerrors import to_arrow
+
+    session = ws.session
+    named = (
+        session.table("findings_affected")
+        .select(F.col("request_id"))
+        .unionByName(session.table("findings_signals").select("request_id"))
+        .unionByName(
+            session.table("findings_exposures").select(
+                F.col("recipient_request_id").alias("request_id")
+            )
+        )
+        .unionByName(
+            session.table("findings_exposures").select(
+                F.col("source_request_id").alias("request_id")
+            )
+        )
+        .where(F.col("request_id").isNotNull())
+        .distinct()
+    )
+    requests = session.table("requests").join(named, "request_id", "left_semi")
+    rooms = requests.select("bootstrap_room").where(F.col("bootstrap_room").isNotNull()).distinct()
+    legs = session.table("engine_legs")
+    legs = legs.join(named, "request_id", "left_semi").unionByName(
+        legs.join(rooms, "bootstrap_room", "left_semi")
+    )
+    copied = {}
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for kind, frame in (("requests", requests), ("engine_legs", legs.distinct())):
+            columns = [name for name, _ in table_columns(kind)]
+            table = to_arrow(frame.select(*columns), f"copying the {kind} behind the findings")
+            con.execute(f"DELETE FROM {kind}")
+            con.register("__lake_extract", table)
+            names = ", ".join(f'"{c}"' for c in columns)
+            con.execute(
+                f"INSERT INTO {kind} ({names}) SELECT {names} FROM __lake_extract "
+                "ORDER BY evidence_id, source_row"
+            )
+            con.unregister("__lake_extract")
+            copied[kind] = table.num_rows
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    return copied

@@ -142,6 +142,11 @@ def detect_on_spark(
             con.execute(f"DROP TABLE IF EXISTS temp.{table}")
         ws.copy_findings(con, list(FINDINGS_DDL))
         if read is not None:
+            from forensics.lake import copy_extract
+
+            if watch:
+                watch.step("Copying the evidence rows behind the findings", 0, 0)
+            copy_extract(ws, con)
             summary.ingested = read.ingested
             for line in read.changed:
                 summary.warnings.append(line)

@@ -295,6 +295,11 @@ def status(
         typer.echo(json.dumps(status_json(report, case.database), indent=2))
         return
     _print_status(make_console(), report, case.database)
+    from forensics.db import in_place_note
+
+    note = in_place_note(case)
+    if note:
+        typer.echo(note)
 
 
 def status_json(report: StatusReport, where: Path) -> dict[str, Any]:

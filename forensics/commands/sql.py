@@ -57,6 +57,15 @@ def sql(
             console.print("No rows.")
     if total > len(rows):
         typer.echo(f"({len(rows):,} of {total:,} rows shown; raise --limit for more)", err=True)
+    import re
+
+    if re.search(r"\b(requests|engine_legs|kv_allocations)\b", query, re.IGNORECASE):
+        from forensics.db import in_place_note
+
+        # A count of what lies elsewhere must not read as a count of the case.
+        note = in_place_note(case)
+        if note:
+            typer.echo(note, err=True)
 
 
 def _is_number(value: Any) -> bool:
