@@ -302,7 +302,9 @@ def read_file(
             raise
         except ForensicsError as exc:
             record = {
-                "message": failure_message(exc, meta.label),
+                # A reader may name the file it opened: the task's copy, which means nothing
+                # to a reader of the report. It is the evidence file.
+                "message": failure_message(exc, meta.label).replace(str(path), meta.label),
                 "sha256": getattr(exc, "sha256", None),
                 "bytes": getattr(exc, "bytes", None),
                 "rows_lost": rows_in(path),
@@ -385,9 +387,10 @@ def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> Iterator[pa.RecordBatc
         yield from pa.Table.from_batches([batch]).select(schema.names).cast(schema).to_batches()
 
 
-def _reading_task(files: dict[str, LakeFile], flags: dict[int, list]):
+def _reading_task(files: dict[str, LakeFile], flags):
     """The function each Spark task runs over its files: ``(path, content)`` batches in, the
-    rows of :func:`read_file` out."""
+    rows of :func:`read_file` out. ``flags`` is a Spark broadcast of the rows to flag, by
+    file (there may be millions: each executor receives them once, not each task)."""
 
     def read(batches):
         for batch in batches:
@@ -395,7 +398,7 @@ def _reading_task(files: dict[str, LakeFile], flags: dict[int, list]):
             contents = batch.column("content")
             for i, path in enumerate(paths):
                 meta = files[path]
-                yield from read_file(meta, contents[i].as_py(), flags.get(meta.order))
+                yield from read_file(meta, contents[i].as_py(), flags.value.get(meta.order))
 
     return read
 
@@ -541,7 +544,7 @@ def _read(
         unread = sorted(set(wanted) - {_normal(p) for p in named})
         if unread:
             raise LakeError(f"{unread[0]}: Spark did not list it; it cannot be read")
-        task = _reading_task(named, flags)
+        task = _reading_task(named, session.sparkContext.broadcast(flags))
         out = listing.select("path", "content").mapInArrow(task, spark_schema(files[0].kind))
         out.write.mode("overwrite").parquet(target)
     except ForensicsError:
