@@ -16,9 +16,10 @@ Spark reads them there:
    (:func:`forensics.ingest.repeats_sql`, translated for Spark), as loading the files in
    their order judges them; a file holding a repeat is read once more with those rows flagged,
    so each reject keeps its raw text. A file with the bytes of an earlier one is skipped.
-4. The canonical tables are written as Parquet into the staging folder and are the
-   evidence tables detection reads. Into the case database go the small kinds (pool
-   snapshots, tenants) and the bookkeeping (``evidence``, ``rejects``,
+4. What the tasks wrote (as Parquet, into the staging folder) is the evidence tables
+   detection reads, as views: each file's rows under its final evidence id, with a row id.
+   Into the case database go the small kinds (pool snapshots, tenants) and the
+   bookkeeping (``evidence``, ``rejects``,
    ``evidence_failures``): every file with its sha256 and counts, every reject with its
    reason. Its ``requests``, ``engine_legs`` and ``kv_allocations`` stay empty and
    ``evidence_in_place`` says how many rows each holds where it lies, so that a detection
@@ -508,11 +509,9 @@ def read_in_place(
     ws.unregister("lake_files")
     ids = {order: i for i, order in enumerate(kept, start=1)}
     result.files = _file_results(files, records, kept, ids, result.files)
-    say("Writing the evidence tables")
+    say("Making the evidence tables")
     for kind in LARGE_KINDS + SMALL_KINDS:
-        target = f"{staging}/{kind}"
-        staged.append(target)
-        _stage_table(ws, kind, rows.get(kind), ids, target)
+        _stage_table(ws, kind, rows.get(kind), ids)
     changed = _write_case_database(con, case, ws, files, records, kept, ids, rejects, result)
     return LakeRead(result, staged, changed)
 
@@ -688,11 +687,15 @@ def _instant(text: str | None) -> datetime | None:
     return datetime.fromisoformat(text) if text else None
 
 
-def _stage_table(
-    ws: Any, kind: str, rows: DataFrame | None, ids: dict[int, int], target: str
-) -> None:
+def _stage_table(ws: Any, kind: str, rows: DataFrame | None, ids: dict[int, int]) -> None:
     """The workspace's evidence table ``kind``: its rows under their final evidence ids, each
-    with a row id, written to ``target`` (an empty table when no file of the kind loaded)."""
+    with a row id (an empty table when no file of the kind loaded).
+
+    A view over what the reading tasks wrote, not a second copy of it: the final ids come
+    from a map literal of one entry a file, so each scan is the Parquet read, a filter and a
+    projection."""
+    from itertools import chain
+
     from pyspark.sql import functions as F
 
     from forensics.dialect import ROWID
@@ -700,16 +703,17 @@ def _stage_table(
     session = ws.session
     columns = [name for name, _ in table_columns(kind)]
     schema = ", ".join(f"`{name}` {_SPARK_TYPES[dtype]}" for name, dtype in table_columns(kind))
-    if rows is None:
+    if rows is None or not ids:
         frame = session.createDataFrame([], schema)
     else:
-        mapping = session.createDataFrame(
-            list(ids.items()) or [(0, 0)], "__kv_order INT, __kv_final INT"
-        )
-        frame = (
-            rows.join(F.broadcast(mapping), rows["evidence_id"] == mapping["__kv_order"])
-            .withColumn("evidence_id", F.col("__kv_final"))
-            .select(*columns)
+        final = F.create_map(*chain.from_iterable((F.lit(o), F.lit(i)) for o, i in ids.items()))
+        frame = rows.select(
+            *(
+                final[F.col("evidence_id")].cast("int").alias(name)
+                if name == "evidence_id"
+                else F.col(name)
+                for name in columns
+            )
         )
     frame = frame.select(
         (F.col("evidence_id").cast("bigint") * F.lit(1 << ROW_BITS) + F.col("source_row")).alias(
@@ -717,8 +721,7 @@ def _stage_table(
         ),
         *columns,
     )
-    frame.write.mode("overwrite").parquet(target)
-    ws.register_dataframe(kind, session.read.parquet(target))
+    ws.register_dataframe(kind, frame)
 
 
 def _write_case_database(
