@@ -857,6 +857,32 @@ FROM c JOIN k ON {_same("c", "k", identity)}
 WHERE c.__kv_rank > 1"""
 
 
+def _may_repeat(con: duckdb.DuckDBPyConnection, kind: str, eids: Sequence[int]) -> bool:
+    """Whether a row of the evidence ``eids`` (just inserted) may share its event's identity
+    with another row of ``kind``: of these files or of any loaded before.
+
+    False means :func:`_duplicates` would find nothing in any of them, so the batch skips it.
+    The identities are compared by their hash, so a collision says "may" and the exact check
+    runs; a true repeat always says "may". One scan of what was loaded before for the whole
+    batch, where the exact check takes one for each file: with hourly files over weeks, the
+    difference between rows times batches and rows times files.
+    """
+    identity = schema.IDENTITY.get(kind)
+    if not identity:
+        return False
+    key = f"hash({', '.join(sql_ident(c) for c in identity)})"
+    ids = ", ".join(str(e) for e in eids)
+    return bool(
+        scalar(
+            con,
+            f"WITH n AS (SELECT {key} AS h FROM {kind} WHERE evidence_id IN ({ids})) "
+            f"SELECT EXISTS (SELECT h FROM n GROUP BY h HAVING count(*) > 1) "
+            f"OR EXISTS (SELECT 1 FROM {kind} WHERE evidence_id NOT IN ({ids}) "
+            f"AND {key} IN (SELECT h FROM n))",
+        )
+    )
+
+
 def _given_flags(
     con: duckdb.DuckDBPyConnection, flags: Sequence[tuple[int, str | None, str]], tag: str
 ) -> str | None:
@@ -1213,10 +1239,22 @@ def _load_batch(
         ]
         if short:
             raise _LinesNeeded(short)
+        # One look for the whole batch; only when it may hold a repeat does each file take
+        # the exact check (which scans everything loaded before it, file after file).
+        check = _may_repeat(con, kind, eids)
         results = []
         for i, (item, source, tag, eid) in enumerate(zip(batch, sources, tags, eids, strict=True)):
             staged = _Staged(
-                kind, "canonical", item.job[5], item.sha, item.size, source, tag, tz, defaults
+                kind,
+                "canonical",
+                item.job[5],
+                item.sha,
+                item.size,
+                source,
+                tag,
+                tz,
+                defaults,
+                check_duplicates=check,
             )
             run = _runner(con, item.size, lambda d, t: None, False)
             try:

@@ -165,3 +165,75 @@ def test_a_file_whose_name_is_a_pattern_loads_itself(tmp_path, batches):
     ).fetchall() == [(str(named), "d1-0"), (str(starred), "d2-0"), (str(plain), "d4-0")]
     assert decoy.exists()
     assert not list(Path(tempfile.gettempdir()).glob("kv-forensics-*/evidence.parquet"))
+
+
+def _checked(monkeypatch) -> list[int]:
+    """The evidence ids the exact (file by file) repeat check ran for."""
+    import forensics.ingest as ingest
+
+    seen: list[int] = []
+    real = ingest._duplicates
+
+    def spy(con, kind, eid, *rest):
+        seen.append(eid)
+        return real(con, kind, eid, *rest)
+
+    monkeypatch.setattr(ingest, "_duplicates", spy)
+    return seen
+
+
+def test_a_batch_with_no_repeat_skips_the_check_of_each_file(tmp_path, batches, monkeypatch):
+    checked = _checked(monkeypatch)
+    files = [_write(tmp_path / f"r-{day}.parquet", _requests(day)) for day in (1, 2, 3)]
+    result = ingest_paths(tmp_path / "case.duckdb", files, "requests")
+    assert batches == [3]
+    assert checked == []
+    assert [(f.rows_loaded, f.duplicates, f.conflicts) for f in result.files] == [(5, 0, 0)] * 3
+    # A second batch whose rows are all new is judged against the first in one look, too.
+    more = [_write(tmp_path / f"r-{day}.parquet", _requests(day)) for day in (4, 5)]
+    ingest_paths(tmp_path / "case.duckdb", more, "requests")
+    assert batches == [3, 2]
+    assert checked == []
+
+
+@pytest.mark.parametrize("where", ["within a file", "across the batch", "a file loaded before"])
+def test_a_batch_that_may_repeat_checks_each_file_exactly(tmp_path, batches, monkeypatch, where):
+    checked = _checked(monkeypatch)
+    first = _write(tmp_path / "r-1.parquet", _requests(1))
+    day2, day3 = _requests(2), _requests(3)
+    if where == "within a file":
+        day3[4] = dict(day3[0])
+    else:
+        day3[4] = dict(_requests(1 if where == "a file loaded before" else 2)[1])
+    files = [_write(tmp_path / "r-2.parquet", day2), _write(tmp_path / "r-3.parquet", day3)]
+    if where == "a file loaded before":
+        ingest_paths(tmp_path / "case.duckdb", [first], "requests")
+    else:
+        files.insert(0, first)
+    checked.clear()
+    result = ingest_paths(tmp_path / "case.duckdb", files, "requests")
+    assert batches[-1] == len(files)
+    assert len(checked) == len(files)  # every file of the batch, exactly
+    assert [f.duplicates for f in result.files] == [0] * (len(files) - 1) + [1]
+    assert result.files[-1].rows_loaded == 4
+
+
+def test_may_repeat_compares_the_whole_identity(tmp_path):
+    from forensics.ingest import _may_repeat
+
+    con = connect(tmp_path / "case.duckdb")
+    con.execute(
+        "INSERT INTO engine_legs (evidence_id, source_row, request_id, role, node, started_at) "
+        "VALUES (1, 1, 'r1', 'prefill', 'p0', TIMESTAMPTZ '2026-09-01 10:00:00+00'), "
+        "(2, 1, 'r1', 'decode', 'd0', TIMESTAMPTZ '2026-09-01 10:00:00+00'), "
+        "(2, 2, 'r1', 'prefill', 'p0', TIMESTAMPTZ '2026-09-01 10:00:05+00'), "
+        "(3, 1, 'r1', 'prefill', 'p0', TIMESTAMPTZ '2026-09-01 10:00:00+00')"
+    )
+    # Same request, another role or another start (a retry): not a repeat.
+    assert _may_repeat(con, "engine_legs", [2]) is False
+    # Every identity column equal to evidence 1's row: a repeat.
+    assert _may_repeat(con, "engine_legs", [3]) is True
+    assert _may_repeat(con, "engine_legs", [1, 3]) is True
+    # A kind with no identity has no repeats.
+    assert _may_repeat(con, "pool_snapshots", [1]) is False
+    con.close()
