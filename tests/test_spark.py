@@ -266,6 +266,30 @@ def test_a_spark_that_cannot_start_is_one_line(tiny_case_dir):
     assert "Traceback" not in done.stderr
 
 
+def test_spark_starts_without_chatter():
+    """Spark's start-up lines ("Setting default log level...") would bury ours: a fresh process
+    that starts Spark and runs a job prints nothing of Spark's on stderr but the Java
+    runtime's own notice of the module Spark asks for."""
+    import subprocess
+    import sys
+
+    script = (
+        "from forensics.spark import start_session\n"
+        "print(start_session('local[1]').range(5).count())\n"
+    )
+    env = dict(os.environ)
+    env.pop("PYSPARK_SUBMIT_ARGS", None)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "5\n"
+    spoken = [
+        line for line in done.stderr.splitlines() if not line.startswith("WARNING: Using incubator")
+    ]
+    assert spoken == []
+
+
 def test_a_failed_statement_names_it_in_one_line(workspace):
     from forensics.spark import SparkError
 
