@@ -861,24 +861,28 @@ def _may_repeat(con: duckdb.DuckDBPyConnection, kind: str, eids: Sequence[int]) 
     """Whether a row of the evidence ``eids`` (just inserted) may share its event's identity
     with another row of ``kind``: of these files or of any loaded before.
 
-    False means :func:`_duplicates` would find nothing in any of them, so the batch skips it.
-    The identities are compared by their hash, so a collision says "may" and the exact check
-    runs; a true repeat always says "may". One scan of what was loaded before for the whole
-    batch, where the exact check takes one for each file: with hourly files over weeks, the
-    difference between rows times batches and rows times files.
+    False means :func:`_duplicates` would find nothing in any of them, so the batch skips it;
+    a true repeat always says True. Within the batch the identities are grouped by their hash
+    (a collision says True, and the exact check runs); against what was loaded before, one semi
+    join on the identity's columns themselves, whose bounds DuckDB pushes into the scan of the
+    older rows (an engine leg's start time skips the row groups of other days). One scan of the
+    older rows for the whole batch, where the exact check takes one for each file: with hourly
+    files over weeks, the difference between rows times batches and rows times files.
     """
     identity = schema.IDENTITY.get(kind)
     if not identity:
         return False
-    key = f"hash({', '.join(sql_ident(c) for c in identity)})"
+    cols = ", ".join(sql_ident(c) for c in identity)
     ids = ", ".join(str(e) for e in eids)
-    return bool(
+    batch = f"(SELECT {cols} FROM {kind} WHERE evidence_id IN ({ids}))"
+    within = scalar(
+        con, f"SELECT EXISTS (SELECT 1 FROM {batch} GROUP BY hash({cols}) HAVING count(*) > 1)"
+    )
+    return bool(within) or bool(
         scalar(
             con,
-            f"WITH n AS (SELECT {key} AS h FROM {kind} WHERE evidence_id IN ({ids})) "
-            f"SELECT EXISTS (SELECT h FROM n GROUP BY h HAVING count(*) > 1) "
-            f"OR EXISTS (SELECT 1 FROM {kind} WHERE evidence_id NOT IN ({ids}) "
-            f"AND {key} IN (SELECT h FROM n))",
+            f"SELECT EXISTS (SELECT 1 FROM {kind} o SEMI JOIN {batch} n "
+            f"ON {_same('o', 'n', identity)} WHERE o.evidence_id NOT IN ({ids}))",
         )
     )
 
