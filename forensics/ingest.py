@@ -1245,7 +1245,7 @@ def _load_batch(
             raise _LinesNeeded(short)
         # One look for the whole batch; only when it may hold a repeat does each file take
         # the exact check (which scans everything loaded before it, file after file).
-        check = _may_repeat(con, kind, eids)
+        may_repeat = _may_repeat(con, kind, eids)
         results = []
         for i, (item, source, tag, eid) in enumerate(zip(batch, sources, tags, eids, strict=True)):
             staged = _Staged(
@@ -1258,7 +1258,7 @@ def _load_batch(
                 tag,
                 tz,
                 defaults,
-                check_duplicates=check,
+                check_duplicates=may_repeat,
             )
             run = _runner(con, item.size, lambda d, t: None, False)
             try:

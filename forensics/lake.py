@@ -707,13 +707,8 @@ def _stage_table(ws: Any, kind: str, rows: DataFrame | None, ids: dict[int, int]
         frame = session.createDataFrame([], schema)
     else:
         final = F.create_map(*chain.from_iterable((F.lit(o), F.lit(i)) for o, i in ids.items()))
-        frame = rows.select(
-            *(
-                final[F.col("evidence_id")].cast("int").alias(name)
-                if name == "evidence_id"
-                else F.col(name)
-                for name in columns
-            )
+        frame = rows.withColumn("evidence_id", final[F.col("evidence_id")].cast("int")).select(
+            *columns
         )
     frame = frame.select(
         (F.col("evidence_id").cast("bigint") * F.lit(1 << ROW_BITS) + F.col("source_row")).alias(
