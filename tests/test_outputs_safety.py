@@ -298,6 +298,29 @@ def test_database_csv_lines_are_the_csv_modules():
     assert "\n-1," in by_sql and "2026-09-08T14:02:00.780860Z" in by_sql
 
 
+def test_a_line_made_by_the_database_is_the_csv_modules_row():
+    # The notices' CSVs take each row's line from their queries (csvsql.line_sql): the same
+    # bytes as the csv module's row of the same values, text, empty and number cells alike.
+    import duckdb
+
+    from forensics.report.csvsql import line_sql
+    from forensics.report.outputs import _csv
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t (k INTEGER, s VARCHAR, n BIGINT)")
+    rows = [(i, text, None if i % 3 == 0 else i - 5) for i, text in enumerate(TRICKY_TEXT)]
+    con.executemany("INSERT INTO t VALUES (?, ?, ?)", rows)
+    cells = [("'source'", "text"), ("q.s", "text"), ("NULL", "int"), ("q.n", "int")]
+    sql = f"SELECT {line_sql(cells)} FROM t q ORDER BY k"
+    by_sql = "".join(r[0] for r in con.execute(sql).fetchall())
+    by_python = _csv(
+        ("role", "s", "gap", "n"),
+        [{"role": "source", "s": s, "gap": None, "n": n} for _, s, n in rows],
+    )
+    assert by_sql == by_python.split("\n", 1)[1]
+    assert "source,'=1+2,," in by_sql and 'source,"a,b",,' in by_sql
+
+
 def test_iso_sql_is_iso():
     from datetime import UTC, datetime, timedelta
 

@@ -99,6 +99,19 @@ def _cell(col: str) -> str:
     )
 
 
+def line_sql(cells: Sequence[tuple[str, str]]) -> str:
+    """The SQL of one CSV line (newline included) from ``cells``: ``(expression, kind)``
+    each, in order (see :data:`KINDS`). Each expression is named twice or more: a column
+    reference, or a value computed before this line.
+
+    >>> import duckdb
+    >>> sql = "SELECT " + line_sql([("'=x'", "text"), ("NULL", "int"), ("3", "int")])
+    >>> duckdb.connect().execute(sql).fetchone()
+    ("'=x,,3\\n",)
+    """
+    return " || ',' || ".join(_cell(_value(e, k)) for e, k in cells) + " || chr(10)"
+
+
 def lines_sql(
     columns: Sequence[tuple[str, str]], sql: str, order_by: str, pseudonyms: bool = False
 ) -> str:
@@ -116,6 +129,7 @@ def lines_sql(
             joins.append(f"LEFT JOIN __kv_pseudonyms p{i} ON p{i}.tenant_id = {col}")
             col = f"p{i}.pseudonym"
         values.append(f'{_value(col, kind)} AS "__kv_c{i}"')
+    # Each cell's text is computed once, below, and quoted here.
     line = " || ',' || ".join(_cell(f'"__kv_c{i}"') for i in range(len(columns)))
     return (
         f"SELECT {line} || chr(10) AS line FROM (SELECT {', '.join(values)}, "

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from forensics.report.csvsql import iso_sql
+from forensics.report.csvsql import iso_sql, line_sql
 from forensics.report.data import iso
 
 if TYPE_CHECKING:
@@ -93,16 +93,27 @@ WITH reads AS (
   WHERE e.recipient_tenant_id IN (SELECT unnest($tenants)) AND notified_confidence(e.confidence)
   GROUP BY e.recipient_request_id
 )
-SELECT a.tenant_id, a.request_id, {iso_received} AS received_at, a.prompt_tokens, a.verdict,
-       CASE WHEN r.customers > 0 OR r.unknown > 0 THEN 'another customer'
-            WHEN r.ours > 0 THEN 'non-customer traffic only'
-            WHEN r.own > 0 THEN 'your own earlier requests only'
-            ELSE 'not determined' END AS data_read
-FROM findings_affected a LEFT JOIN reads r USING (request_id)
-WHERE a.tenant_id IN (SELECT unnest($tenants)) AND notified_verdict(a.verdict)
-  AND a.excluded_by IS NULL
-ORDER BY a.tenant_id, a.received_at, a.request_id
-""".format(iso_received=iso_sql("a.received_at"))
+SELECT * EXCLUDE (__at), {line} AS csv_line
+FROM (
+  SELECT a.tenant_id, a.request_id, {iso_received} AS received_at, a.prompt_tokens, a.verdict,
+         CASE WHEN r.customers > 0 OR r.unknown > 0 THEN 'another customer'
+              WHEN r.ours > 0 THEN 'non-customer traffic only'
+              WHEN r.own > 0 THEN 'your own earlier requests only'
+              ELSE 'not determined' END AS data_read,
+         a.received_at AS __at
+  FROM findings_affected a LEFT JOIN reads r USING (request_id)
+  WHERE a.tenant_id IN (SELECT unnest($tenants)) AND notified_verdict(a.verdict)
+    AND a.excluded_by IS NULL
+) q
+ORDER BY tenant_id, __at, request_id
+""".format(
+    iso_received=iso_sql("a.received_at"),
+    line=line_sql(
+        [("'recipient'", "text"), ("q.request_id", "text"), ("q.received_at", "text")]
+        + [("q.prompt_tokens", "int"), ("q.verdict", "text"), ("q.data_read", "text")]
+        + [("NULL", "text")] * 6
+    ),
+)
 
 # Per request of a source tenant whose data was read: by how many responses, split by who
 # received them. Only the kind of reader is loaded, never which tenant it was.
@@ -123,25 +134,35 @@ sent AS (
   SELECT request_id, tenant_id, received_at FROM findings_source_requests
   WHERE tenant_id IN (SELECT unnest($tenants))
 )
-SELECT x.tenant_id, x.source_request_id AS request_id, {iso_sent} AS received_at,
-       count(DISTINCT recipient_request_id)
-         FILTER (WHERE NOT own AND recipient_excluded_by IS NULL) AS read_by_customers,
-       count(DISTINCT recipient_request_id)
-         FILTER (WHERE NOT own AND recipient_excluded_by IS NOT NULL) AS read_by_ours,
-       count(DISTINCT recipient_request_id) FILTER (WHERE own) AS read_by_own,
-       {iso_first} AS first_read_at,
-       {iso_last} AS last_read_at,
-       -- the most certain: forensics.verdicts.best_confidence
-       arg_min(confidence, confidence_rank(confidence)) FILTER (WHERE NOT own) AS confidence
-FROM reads x
-LEFT JOIN sent s ON s.request_id = x.source_request_id AND s.tenant_id = x.tenant_id
-GROUP BY x.tenant_id, x.source_request_id, s.received_at
-HAVING count(*) FILTER (WHERE NOT own) > 0
-ORDER BY x.tenant_id, s.received_at NULLS LAST, x.source_request_id
+SELECT * EXCLUDE (__at), {line} AS csv_line
+FROM (
+  SELECT x.tenant_id, x.source_request_id AS request_id, {iso_sent} AS received_at,
+         count(DISTINCT recipient_request_id)
+           FILTER (WHERE NOT own AND recipient_excluded_by IS NULL) AS read_by_customers,
+         count(DISTINCT recipient_request_id)
+           FILTER (WHERE NOT own AND recipient_excluded_by IS NOT NULL) AS read_by_ours,
+         count(DISTINCT recipient_request_id) FILTER (WHERE own) AS read_by_own,
+         {iso_first} AS first_read_at,
+         {iso_last} AS last_read_at,
+         -- the most certain: forensics.verdicts.best_confidence
+         arg_min(confidence, confidence_rank(confidence)) FILTER (WHERE NOT own) AS confidence,
+         s.received_at AS __at
+  FROM reads x
+  LEFT JOIN sent s ON s.request_id = x.source_request_id AND s.tenant_id = x.tenant_id
+  GROUP BY x.tenant_id, x.source_request_id, s.received_at
+  HAVING count(*) FILTER (WHERE NOT own) > 0
+) q
+ORDER BY tenant_id, __at NULLS LAST, request_id
 """.format(
     iso_sent=iso_sql("s.received_at"),
     iso_first=iso_sql("min(read_at) FILTER (WHERE NOT own)"),
     iso_last=iso_sql("max(read_at) FILTER (WHERE NOT own)"),
+    line=line_sql(
+        [("'source'", "text"), ("q.request_id", "text"), ("q.received_at", "text")]
+        + [("NULL", "int"), ("NULL", "text"), ("NULL", "text")]
+        + [("q.read_by_customers", "int"), ("q.read_by_ours", "int"), ("q.read_by_own", "int")]
+        + [("q.first_read_at", "text"), ("q.last_read_at", "text"), ("q.confidence", "text")]
+    ),
 )
 
 # Per source tenant: distinct notified responses that read its data, by kind of reader.
@@ -205,8 +226,9 @@ def notice_contexts(
 
     Yields:
         The tenant (unredacted) and its template context: ``tenant``, ``recipient`` (or None)
-        and ``source`` (or None). Each role holds its counts, its ``requests`` (every row, for
-        the CSV) and ``inline`` (whether the letter lists them or points to the CSV).
+        and ``source`` (or None). Each role holds its counts, its ``requests`` (every row,
+        each with its ``csv_line`` for the CSV) and ``inline`` (whether the letter lists them
+        or points to the CSV).
     """
     from forensics.db import cursor
     from forensics.sql import OrderedGroups

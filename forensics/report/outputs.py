@@ -395,12 +395,13 @@ NOTICE_CSV_COLUMNS = (
 
 
 def _notice_csv(ctx: dict[str, Any]) -> str:
-    """Every request a notice concerns, one row each: the letter's tables, whole."""
-    rows = []
+    """Every request a notice concerns, one row each: the letter's tables, whole. Each row's
+    line comes ready from the database (``csv_line``, :mod:`forensics.report.csvsql`): at
+    hundreds of thousands of rows, formatting them here took a fifth of a report."""
+    lines = [",".join(NOTICE_CSV_COLUMNS) + "\n"]
     for role in ("recipient", "source"):
-        for r in (ctx.get(role) or {}).get("requests", []):
-            rows.append({c: r.get(c) for c in NOTICE_CSV_COLUMNS} | {"role": role})
-    return _csv(NOTICE_CSV_COLUMNS, rows)
+        lines += [r["csv_line"] for r in (ctx.get(role) or {}).get("requests", [])]
+    return "".join(lines)
 
 
 def _manifest(case: Case, data, out: Path, written: list[Path], redact: bool) -> dict[str, Any]:
