@@ -73,6 +73,31 @@ def assign_slugs(tenant_ids: list[str]) -> dict[str, str]:
 # Rows shown inline in a letter; longer request lists go only into the CSV beside it.
 INLINE_ROWS = 10
 
+# The columns of the CSV beside each letter: every request it concerns, in either role.
+NOTICE_CSV_COLUMNS = (
+    "role",
+    "request_id",
+    "received_at",
+    "prompt_tokens",
+    "verdict",
+    "data_read",
+    "read_by_customers",
+    "read_by_ours",
+    "read_by_own",
+    "first_read_at",
+    "last_read_at",
+    "confidence",
+)
+
+
+def _csv_line(role: str, kinds: dict[str, str]) -> str:
+    """The SQL of a request's line in the notice CSV: ``role``, then each column of
+    :data:`NOTICE_CSV_COLUMNS` from the same-named column of ``q`` (of its kind, see
+    :mod:`forensics.report.csvsql`), empty where ``kinds`` has none."""
+    cells = [(f"q.{c}", kinds[c]) if c in kinds else ("NULL", "text") for c in NOTICE_CSV_COLUMNS]
+    return line_sql([(f"'{role}'", "text")] + cells[1:])
+
+
 # The notices' queries each cover every notified tenant at once ($tenants), ordered by tenant:
 # one query per part of the letters, whatever the number of tenants. A letter's context is then
 # built from its own tenant's rows only (OrderedGroups), so nothing of another tenant reaches it.
@@ -108,10 +133,10 @@ FROM (
 ORDER BY tenant_id, __at, request_id
 """.format(
     iso_received=iso_sql("a.received_at"),
-    line=line_sql(
-        [("'recipient'", "text"), ("q.request_id", "text"), ("q.received_at", "text")]
-        + [("q.prompt_tokens", "int"), ("q.verdict", "text"), ("q.data_read", "text")]
-        + [("NULL", "text")] * 6
+    line=_csv_line(
+        "recipient",
+        {"request_id": "text", "received_at": "text", "prompt_tokens": "int"}
+        | {"verdict": "text", "data_read": "text"},
     ),
 )
 
@@ -157,11 +182,11 @@ ORDER BY tenant_id, __at NULLS LAST, request_id
     iso_sent=iso_sql("s.received_at"),
     iso_first=iso_sql("min(read_at) FILTER (WHERE NOT own)"),
     iso_last=iso_sql("max(read_at) FILTER (WHERE NOT own)"),
-    line=line_sql(
-        [("'source'", "text"), ("q.request_id", "text"), ("q.received_at", "text")]
-        + [("NULL", "int"), ("NULL", "text"), ("NULL", "text")]
-        + [("q.read_by_customers", "int"), ("q.read_by_ours", "int"), ("q.read_by_own", "int")]
-        + [("q.first_read_at", "text"), ("q.last_read_at", "text"), ("q.confidence", "text")]
+    line=_csv_line(
+        "source",
+        {"request_id": "text", "received_at": "text", "read_by_customers": "int"}
+        | {"read_by_ours": "int", "read_by_own": "int", "first_read_at": "text"}
+        | {"last_read_at": "text", "confidence": "text"},
     ),
 )
 

@@ -378,26 +378,12 @@ def write_notices(
     return written
 
 
-NOTICE_CSV_COLUMNS = (
-    "role",
-    "request_id",
-    "received_at",
-    "prompt_tokens",
-    "verdict",
-    "data_read",
-    "read_by_customers",
-    "read_by_ours",
-    "read_by_own",
-    "first_read_at",
-    "last_read_at",
-    "confidence",
-)
-
-
 def _notice_csv(ctx: dict[str, Any]) -> str:
     """Every request a notice concerns, one row each: the letter's tables, whole. Each row's
-    line comes ready from the database (``csv_line``, :mod:`forensics.report.csvsql`): at
+    line comes ready from the database (``csv_line``, :mod:`forensics.report.notices`): at
     hundreds of thousands of rows, formatting them here took a fifth of a report."""
+    from forensics.report.notices import NOTICE_CSV_COLUMNS
+
     lines = [",".join(NOTICE_CSV_COLUMNS) + "\n"]
     for role in ("recipient", "source"):
         lines += [r["csv_line"] for r in (ctx.get(role) or {}).get("requests", [])]
