@@ -90,23 +90,17 @@ GROUP BY c.scope, c.node;
 -- add no rows. A leg of another role (neither prefill,
 -- decode nor unified) still shows the request was logged. With no engine log loaded at all,
 -- nothing is missing from it: coverage says so on its own.
-CREATE OR REPLACE TEMP TABLE coverage_no_prefill AS
+CREATE OR REPLACE TEMP MACRO requests_lacking(side) AS TABLE
 SELECT r.request_id
 FROM scoped_requests r
 WHERE r.http_status BETWEEN 200 AND 299
   AND EXISTS (SELECT 1 FROM engine_legs)
   AND NOT EXISTS (SELECT 1 FROM client_legs l
                   WHERE l.client_request_id = r.request_id
-                    AND l.role IN ('prefill', 'unified'));
+                    AND l.role IN (side, 'unified'));
 
-CREATE OR REPLACE TEMP TABLE coverage_no_decode AS
-SELECT r.request_id
-FROM scoped_requests r
-WHERE r.http_status BETWEEN 200 AND 299
-  AND EXISTS (SELECT 1 FROM engine_legs)
-  AND NOT EXISTS (SELECT 1 FROM client_legs l
-                  WHERE l.client_request_id = r.request_id
-                    AND l.role IN ('decode', 'unified'));
+CREATE OR REPLACE TEMP TABLE coverage_no_prefill AS FROM requests_lacking('prefill');
+CREATE OR REPLACE TEMP TABLE coverage_no_decode AS FROM requests_lacking('decode');
 
 CREATE OR REPLACE TEMP TABLE coverage_unlogged AS
 WITH lacking AS (
