@@ -77,8 +77,7 @@ MEMORY_OPT = typer.Option(
     metavar="SIZE",
     callback=check_memory_limit,
     help="Cap DuckDB's memory, e.g. 1GB (default: the manifest's [database].memory_limit, "
-    "else 2GB, or 1.25 times the case database's size up to half the machine's memory); "
-    "beyond it work spills to <database>.tmp/.",
+    "else 2GB); beyond it work spills to <database>.tmp/.",
 )
 
 

@@ -7,7 +7,6 @@ says so). DuckDB's own files beside it (the write-ahead log ``<db>.wal``, spille
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,59 +37,9 @@ def memory_error(exc: Exception, where: str | None = None) -> ResourceError:
 
 # Without a limit DuckDB keeps its working tables in memory up to 80 % of RAM: detecting 2M
 # requests peaked at 4.4 GB. Spilling past 2 GB cost nothing measurable there (36.1 s and
-# 36.6 s, 2.3 GB peak), so a case database gets at least this limit unless the manifest or a
-# flag says otherwise; work that cannot spill fails with memory_error's one line, never a kill.
+# 36.6 s, 2.3 GB peak), so a case database gets this limit unless the manifest or a flag says
+# otherwise; work that cannot spill fails with memory_error's one line, never a kill.
 DEFAULT_MEMORY_LIMIT = "2GB"
-# A larger case gets more (default_memory_limit): detection's largest join and sort hold about
-# its requests and legs once, and under a fixed 2 GB the 16M-request case (a 2.6 GB database)
-# spilled about 5 GB of them: 82 s against 62-63 s with 3 GB or more. Never more than half of
-# the machine's memory: the replay's workers and the report live beside DuckDB.
-MEMORY_PER_DATABASE_BYTE = 1.25
-
-
-def default_memory_limit(path: str | Path, physical: int | None = None) -> str:
-    """DuckDB's memory limit for a case database when neither the manifest nor a flag sets one:
-    2 GB, or :data:`MEMORY_PER_DATABASE_BYTE` times the database file's size when that is more,
-    but at most half of ``physical`` bytes (default: this machine's memory) if that is above
-    2 GB. In DuckDB's units (MB are 10^6 bytes, as in ``2GB``).
-
-    >>> default_memory_limit("no-such-case.duckdb")
-    '2000MB'
-    >>> import tempfile
-    >>> folder = Path(tempfile.mkdtemp())
-    >>> with open(folder / "case.duckdb", "wb") as f:
-    ...     _ = f.truncate(4 * 10**9)  # a 4 GB database (sparse)
-    >>> default_memory_limit(folder / "case.duckdb", physical=64 * 10**9)
-    '5000MB'
-    >>> default_memory_limit(folder / "case.duckdb", physical=8 * 10**9)
-    '4000MB'
-    >>> default_memory_limit(folder / "case.duckdb", physical=2 * 10**9)
-    '2000MB'
-    """
-    floor = _bytes(DEFAULT_MEMORY_LIMIT)
-    try:
-        size = Path(path).stat().st_size
-    except OSError:
-        size = 0
-    if physical is None:
-        physical = _physical_memory()
-    ceiling = max(floor, physical // 2) if physical else floor
-    chosen = min(max(floor, int(size * MEMORY_PER_DATABASE_BYTE)), ceiling)
-    return f"{chosen // 10**6}MB"
-
-
-def _bytes(size: str) -> int:
-    """A memory size of DuckDB's decimal units in bytes (``"2GB"`` -> 2,000,000,000)."""
-    number, unit = re.fullmatch(r"([0-9]+)([KMGT]?B)", size).groups()  # type: ignore[union-attr]
-    return int(number) * 1000 ** "BKMGT".index(unit[0] if len(unit) == 2 else "B")
-
-
-def _physical_memory() -> int | None:
-    """This machine's memory in bytes, or None where the platform does not say."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
 
 
 def connect(
@@ -100,7 +49,7 @@ def connect(
 
     Sessions run in UTC so that TIMESTAMPTZ values print and compare in UTC everywhere.
     ``":memory:"`` gives an in-memory case (tests, docstrings). ``memory_limit`` (e.g.
-    ``"1GB"``, default :func:`default_memory_limit` for a database file) caps DuckDB's memory;
+    ``"1GB"``, default ``DEFAULT_MEMORY_LIMIT`` for a database file) caps DuckDB's memory;
     work beyond it spills to ``<db>.tmp/`` beside the database, and what cannot spill fails
     with :func:`memory_error`'s message.
 
@@ -135,7 +84,7 @@ def connect(
     if created:
         make_private(Path(path))
     if memory_limit is None and str(path) != ":memory:":
-        memory_limit = default_memory_limit(path)
+        memory_limit = DEFAULT_MEMORY_LIMIT
     if memory_limit is not None:
         con.execute(f"SET memory_limit = '{check_memory_limit(memory_limit)}'")
     if str(path) != ":memory:" and not read_only:

@@ -239,47 +239,6 @@ def test_a_case_database_is_capped_by_default_and_a_limit_given_wins(tmp_path):
     memory.close()
 
 
-def test_a_larger_case_database_gets_a_larger_default_limit(tmp_path, monkeypatch):
-    import duckdb
-
-    import forensics.db as db
-
-    def limit(con) -> str:
-        return con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
-
-    def duckdb_says(size: str) -> str:
-        reference = duckdb.connect()
-        reference.execute(f"SET memory_limit = '{size}'")
-        said = limit(reference)
-        reference.close()
-        return said
-
-    path = tmp_path / "case.duckdb"
-    connect(path).close()
-    size = path.stat().st_size
-    # As if the database were 2.4 GB: 1.25 times that is 3 GB, on a machine of 16 GB.
-    monkeypatch.setattr(db, "MEMORY_PER_DATABASE_BYTE", 3 * 10**9 / size)
-    monkeypatch.setattr(db, "_physical_memory", lambda: 16 * 10**9)
-    con = connect(path)
-    assert path.stat().st_size == size
-    assert limit(con) == duckdb_says("3000MB")
-    con.close()
-    # Never more than half the machine's memory, never less than the 2 GB floor.
-    monkeypatch.setattr(db, "_physical_memory", lambda: 5 * 10**9)
-    con = connect(path)
-    assert limit(con) == duckdb_says("2500MB")
-    con.close()
-    monkeypatch.setattr(db, "_physical_memory", lambda: 2 * 10**9)
-    con = connect(path)
-    assert limit(con) == duckdb_says(db.DEFAULT_MEMORY_LIMIT)
-    con.close()
-    # A limit the manifest or a flag gives wins whatever the size.
-    monkeypatch.setattr(db, "_physical_memory", lambda: 16 * 10**9)
-    con = connect(path, memory_limit="1GB")
-    assert limit(con) == duckdb_says("1GB")
-    con.close()
-
-
 def test_a_memory_limit_too_small_is_one_line_and_records_nothing(tmp_path, big_parquet):
     db = tmp_path / "case.duckdb"
     args = ["ingest", str(db), str(big_parquet), "--kind", "requests"]
