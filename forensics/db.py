@@ -26,12 +26,29 @@ if TYPE_CHECKING:
 # A DuckDB memory size: "1GB", "512 MiB", "1.5GB" (B, KB, MB, GB, TB and the KiB family).
 def memory_error(exc: Exception, where: str | None = None) -> ResourceError:
     """One line for DuckDB running out of memory under its limit: what happened (and while
-    loading which file, ``where``), and what to do."""
+    loading which file, ``where``), and what to do.
+
+    Above the default limit a larger one is not always the cure: DuckDB plans in memory the
+    work it expects to fit and may then be unable to spill it. Detecting 100M requests under
+    11.7 GB stopped so in the decode timeline's join, where 2 GB completes; the line says so.
+
+    >>> str(memory_error(Exception("failed to pin block (1.9 MiB/1.9 MiB used)")))[-28:]
+    'pass a larger --memory-limit'
+    >>> str(memory_error(Exception("failed to pin block (11.7 GiB/11.7 GiB used)")))[-33:]
+    'complete where a larger one fails'
+    """
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     prefix = f"{where}: " if where else ""
+    advice = "raise [database].memory_limit in the manifest or pass a larger --memory-limit"
+    used = re.search(r"/\s*([0-9.]+)\s*(KiB|MiB|GiB|TiB) used", first)
+    if used and float(used.group(1)) * 1024 ** "KMGT".index(used.group(2)[0]) > 2 * 1024**2:
+        advice = (
+            "the limit is above 2GB, where DuckDB plans in memory what it expects to fit and may"
+            " then not spill it: a smaller one such as 2GB ([database].memory_limit in the"
+            " manifest or --memory-limit) can complete where a larger one fails"
+        )
     return ResourceError(
-        f"{prefix}out of memory under the database memory limit ({first}); raise "
-        "[database].memory_limit in the manifest or pass a larger --memory-limit"
+        f"{prefix}out of memory under the database memory limit ({first}); {advice}"
     )
 
 

@@ -318,6 +318,33 @@ def test_detection_under_a_memory_limit(tmp_path, tiny_reference):
     assert same_report(tmp_path / "after", reference.parent / "report")
 
 
+def test_out_of_memory_under_a_large_limit_says_a_smaller_one_can_complete(tmp_path, monkeypatch):
+    # What DuckDB said when detecting 100M requests under an 11.7 GB limit, where 2 GB
+    # completes: it planned in memory a join it could not then spill.
+    said = (
+        "Out of Memory Error: failed to pin block of size 256.0 KiB (11.7 GiB/11.7 GiB used)"
+        "\n\nPossible solutions:\n* Reducing the number of threads (SET threads=X)"
+    )
+
+    def out_of_memory(*args, **kwargs):
+        raise duckdb.OutOfMemoryException(said)
+
+    import forensics.pipeline
+
+    case = copy_case(tmp_path, "case")
+    assert runner.invoke(app, ["ingest", str(case)]).exit_code == 0
+    monkeypatch.setattr(forensics.pipeline, "detect_and_scope", out_of_memory)
+    failed = runner.invoke(app, ["detect", str(case), "--memory-limit", "12GB"])
+    assert failed.exit_code == 1
+    assert failed.output.splitlines() == [
+        "Error: out of memory under the database memory limit (Out of Memory Error: failed to"
+        " pin block of size 256.0 KiB (11.7 GiB/11.7 GiB used)); the limit is above 2GB, where"
+        " DuckDB plans in memory what it expects to fit and may then not spill it: a smaller"
+        " one such as 2GB ([database].memory_limit in the manifest or --memory-limit) can"
+        " complete where a larger one fails"
+    ]
+
+
 def test_a_memory_limit_must_be_a_size(tmp_path):
     case = copy_case(tmp_path, "case")
     bad = runner.invoke(app, ["run", str(case), "--memory-limit", "lots"])
