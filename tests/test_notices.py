@@ -164,3 +164,57 @@ def test_all_letters_come_from_one_query_per_part_and_match_one_letter_at_a_time
     list(notices.notice_contexts(Counting(con), scope, scope.tenants[:1]))
     assert len(queries) == several  # one query per part, for one tenant or for all
     con.close()
+
+
+def test_the_letters_queries_hold_a_million_source_requests_in_256_mb(tmp_path):
+    """Each part of the letters streams whatever its size: at 100M requests (4.8M source
+    requests read) the sources' query ran out of memory under the 2 GB limit, in count(DISTINCT)
+    and then in a sort carrying each row's CSV line. Here 1M source requests, each read by two
+    responses, under a 256 MB limit (the old query stopped there too)."""
+    from forensics.db import connect, cursor
+    from forensics.report.notices import _RECIPIENT_SQL, _SOURCE_SQL
+    from forensics.schema import FINDINGS_DDL
+    from forensics.sql import OrderedGroups
+
+    sources = 1_000_000
+    con = connect(tmp_path / "case.duckdb", memory_limit="256MB")
+    for table in ("findings_affected", "findings_exposures", "findings_source_requests"):
+        con.execute(FINDINGS_DDL[table].replace("TEMP TABLE", "TABLE"))
+    con.execute(
+        """INSERT INTO findings_affected (request_id, tenant_id, received_at, verdict)
+           SELECT 'victim-' || i, 'acct_v' || (i % 50),
+                  TIMESTAMPTZ '2026-09-01' + INTERVAL (i) SECOND, 'confirmed'
+           FROM range(1000) t(i)"""
+    )
+    # Exposure 2k and 2k+1 are two responses (of two tenants) reading source request k.
+    con.execute(
+        """INSERT INTO findings_exposures (recipient_request_id, recipient_tenant_id,
+             source_request_id, source_tenant_id, method, tokens, confidence)
+           SELECT 'victim-' || (i % 1000), 'acct_v' || (i % 1000 % 50), 'source-' || (i // 2),
+                  'acct_s' || (i // 2 % 100), 'allocator_replay', 64, 'high'
+           FROM range($n) t(i)""",
+        {"n": 2 * sources},
+    )
+    con.execute(
+        """INSERT INTO findings_source_requests
+           SELECT 'source-' || i, 'acct_s' || (i % 100),
+                  TIMESTAMPTZ '2026-08-30' + INTERVAL (i) SECOND
+           FROM range($n) t(i)""",
+        {"n": sources},
+    )
+    tenants = sorted(f"acct_s{i}" for i in range(100))
+    groups = OrderedGroups(cursor(con).execute(_SOURCE_SQL, {"tenants": tenants}))
+    rows = 0
+    for tenant in tenants:
+        mine = groups.take((tenant,))
+        assert len(mine) == sources // 100
+        assert all(r["read_by_customers"] == 2 and r["read_by_ours"] == 0 for r in mine)
+        assert all(r["csv_line"].startswith("source,source-") for r in mine)
+        # In the order the letter lists them: by arrival.
+        assert [r["received_at"] for r in mine] == sorted(r["received_at"] for r in mine)
+        rows += len(mine)
+    assert rows == sources
+    recipients = [f"acct_v{i}" for i in range(50)]
+    groups = OrderedGroups(cursor(con).execute(_RECIPIENT_SQL, {"tenants": sorted(recipients)}))
+    assert sum(len(groups.take((t,))) for t in sorted(recipients)) == 1000
+    con.close()

@@ -129,8 +129,8 @@ FROM (
   FROM findings_affected a LEFT JOIN reads r USING (request_id)
   WHERE a.tenant_id IN (SELECT unnest($tenants)) AND notified_verdict(a.verdict)
     AND a.excluded_by IS NULL
+  ORDER BY tenant_id, __at, request_id
 ) q
-ORDER BY tenant_id, __at, request_id
 """.format(
     iso_received=iso_sql("a.received_at"),
     line=_csv_line(
@@ -147,13 +147,33 @@ WITH notified AS (
   SELECT request_id, min(received_at) AS received_at FROM findings_affected
   WHERE notified_verdict(verdict) GROUP BY request_id
 ),
-reads AS (
+-- One row per source request and response that read it (exposures may name a pair twice):
+-- who read it, when, and the most certain of the pair's confidences. Counting these rows
+-- counts distinct readers without count(DISTINCT), whose hash tables DuckDB could not spill
+-- at 100M requests (4.8M source requests read: out of memory under the 2 GB limit).
+pairs AS (
   SELECT e.source_tenant_id AS tenant_id, e.source_request_id, e.recipient_request_id,
-         n.received_at AS read_at, e.confidence,
-         e.recipient_tenant_id = e.source_tenant_id AS own, e.recipient_excluded_by
+         any_value(n.received_at) AS read_at,
+         -- the most certain: forensics.verdicts.best_confidence
+         arg_min(e.confidence, confidence_rank(e.confidence)) AS confidence,
+         any_value(e.recipient_tenant_id = e.source_tenant_id) AS own,
+         any_value(e.recipient_excluded_by) AS recipient_excluded_by
   FROM findings_exposures e JOIN notified n ON n.request_id = e.recipient_request_id
   WHERE e.source_tenant_id IN (SELECT unnest($tenants)) AND e.source_excluded_by IS NULL
     AND notified_confidence(e.confidence)
+  GROUP BY e.source_tenant_id, e.source_request_id, e.recipient_request_id
+),
+reads AS (
+  SELECT tenant_id, source_request_id,
+         count(*) FILTER (WHERE NOT own AND recipient_excluded_by IS NULL) AS read_by_customers,
+         count(*) FILTER (WHERE NOT own AND recipient_excluded_by IS NOT NULL) AS read_by_ours,
+         count(*) FILTER (WHERE own) AS read_by_own,
+         min(read_at) FILTER (WHERE NOT own) AS first_at,
+         max(read_at) FILTER (WHERE NOT own) AS last_at,
+         arg_min(confidence, confidence_rank(confidence)) FILTER (WHERE NOT own) AS confidence
+  FROM pairs
+  GROUP BY tenant_id, source_request_id
+  HAVING count(*) FILTER (WHERE NOT own) > 0
 ),
 sent AS (
   SELECT request_id, tenant_id, received_at FROM findings_source_requests
@@ -162,26 +182,19 @@ sent AS (
 SELECT * EXCLUDE (__at), {line} AS csv_line
 FROM (
   SELECT x.tenant_id, x.source_request_id AS request_id, {iso_sent} AS received_at,
-         count(DISTINCT recipient_request_id)
-           FILTER (WHERE NOT own AND recipient_excluded_by IS NULL) AS read_by_customers,
-         count(DISTINCT recipient_request_id)
-           FILTER (WHERE NOT own AND recipient_excluded_by IS NOT NULL) AS read_by_ours,
-         count(DISTINCT recipient_request_id) FILTER (WHERE own) AS read_by_own,
+         x.read_by_customers, x.read_by_ours, x.read_by_own,
          {iso_first} AS first_read_at,
          {iso_last} AS last_read_at,
-         -- the most certain: forensics.verdicts.best_confidence
-         arg_min(confidence, confidence_rank(confidence)) FILTER (WHERE NOT own) AS confidence,
+         x.confidence,
          s.received_at AS __at
   FROM reads x
   LEFT JOIN sent s ON s.request_id = x.source_request_id AND s.tenant_id = x.tenant_id
-  GROUP BY x.tenant_id, x.source_request_id, s.received_at
-  HAVING count(*) FILTER (WHERE NOT own) > 0
+  ORDER BY tenant_id, __at NULLS LAST, request_id
 ) q
-ORDER BY tenant_id, __at NULLS LAST, request_id
 """.format(
     iso_sent=iso_sql("s.received_at"),
-    iso_first=iso_sql("min(read_at) FILTER (WHERE NOT own)"),
-    iso_last=iso_sql("max(read_at) FILTER (WHERE NOT own)"),
+    iso_first=iso_sql("x.first_at"),
+    iso_last=iso_sql("x.last_at"),
     line=_csv_line(
         "source",
         {"request_id": "text", "received_at": "text", "read_by_customers": "int"}

@@ -98,9 +98,25 @@ class OrderedGroups:
         return self._buffer[-1] if self._buffer else None
 
     def take(self, key: tuple) -> list[dict]:
-        """Every row of ``key`` (its key columns left out)."""
+        """Every row of ``key`` (its key columns left out).
+
+        A row whose key comes before ``key`` could never be taken again: the rows are not in
+        the query's order (or keys were asked out of order), and that is an error, never rows
+        silently left out.
+
+        >>> import duckdb
+        >>> cur = duckdb.connect().execute("SELECT * FROM (VALUES ('b', 1), ('a', 2)) t(k, v)")
+        >>> OrderedGroups(cur).take(("b",))
+        Traceback (most recent call last):
+        ...
+        RuntimeError: rows out of order: key ('a',) came after ('b',) was asked for
+        """
         out = []
         while (row := self._peek()) is not None and tuple(row[: self._width]) == key:
             self._buffer.pop()
             out.append(dict(zip(self._names, row[self._width :], strict=True)))
+        if row is not None and tuple(row[: self._width]) < key:
+            raise RuntimeError(
+                f"rows out of order: key {tuple(row[: self._width])} came after {key} was asked for"
+            )
         return out
