@@ -52,6 +52,19 @@ def check_memory_limit(value: str) -> str:
     return value.strip()
 
 
+def memory_bytes(value: str) -> int:
+    """A memory size in bytes, in DuckDB's units: KB, MB, GB, TB are powers of 1000, KiB, MiB,
+    GiB, TiB powers of 1024.
+
+    >>> memory_bytes("2GB"), memory_bytes("1.5 GiB")
+    (2000000000, 1610612736)
+    """
+    size = check_memory_limit(value).upper().replace(" ", "")
+    number, unit = re.fullmatch(r"([0-9.]+)([KMGT]?I?B)", size).groups()  # type: ignore[union-attr]
+    base = 1024 if "I" in unit else 1000
+    return int(float(number) * base ** (" KMGT".index(unit[0]) if unit != "B" else 0))
+
+
 def parse_instant(value: Any, tz: str = "UTC") -> datetime:
     """An RFC 3339 string or TOML datetime as an aware UTC datetime; naive means ``tz``.
 

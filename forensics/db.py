@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from forensics.case import check_memory_limit
+from forensics.case import check_memory_limit, memory_bytes
 from forensics.errors import ForensicsError, ResourceError
 from forensics.schema import FINDINGS_DDL, SCOPE_DDL, all_ddl
 from forensics.sql import run_sql_file, scalar
@@ -40,12 +40,16 @@ def memory_error(exc: Exception, where: str | None = None) -> ResourceError:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     prefix = f"{where}: " if where else ""
     advice = "raise [database].memory_limit in the manifest or pass a larger --memory-limit"
-    used = re.search(r"/\s*([0-9.]+)\s*(KiB|MiB|GiB|TiB) used", first)
-    if used and float(used.group(1)) * 1024 ** "KMGT".index(used.group(2)[0]) > 2 * 1024**2:
+    # DuckDB states the limit it ran under ("(11.7 GiB/11.7 GiB used)"), to one decimal: a
+    # tenth over the default is above it.
+    used = re.search(r"/\s*([0-9.]+\s*[KMGT]iB) used", first)
+    if used and memory_bytes(used.group(1)) > 1.1 * memory_bytes(DEFAULT_MEMORY_LIMIT):
+        default = DEFAULT_MEMORY_LIMIT
         advice = (
-            "the limit is above 2GB, where DuckDB plans in memory what it expects to fit and may"
-            " then not spill it: a smaller one such as 2GB ([database].memory_limit in the"
-            " manifest or --memory-limit) can complete where a larger one fails"
+            f"the limit is above {default}, where DuckDB plans in memory what it expects to fit"
+            f" and may then not spill it: a smaller one such as {default}"
+            " ([database].memory_limit in the manifest or --memory-limit) can complete where a"
+            " larger one fails"
         )
     return ResourceError(
         f"{prefix}out of memory under the database memory limit ({first}); {advice}"

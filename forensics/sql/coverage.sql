@@ -87,9 +87,9 @@ GROUP BY c.scope, c.node;
 -- that one hash table of the legs is built at a time: both sides in one statement spilled
 -- more (this file took 7.7-7.9 s against 5.0 s at 16M requests under a 2 GB cap, 4.2 s
 -- against 2.8 s at 8M under 1 GB, the same rows). Request ids are unique, so the joins below
--- add no rows. A leg of another role (neither prefill,
--- decode nor unified) still shows the request was logged. With no engine log loaded at all,
--- nothing is missing from it: coverage says so on its own.
+-- add no rows. A leg of another role (neither prefill, decode nor unified) still shows the
+-- request was logged. With no engine log loaded at all, nothing is missing from it: coverage
+-- says so on its own.
 CREATE OR REPLACE TEMP MACRO requests_lacking(side) AS TABLE
 SELECT r.request_id
 FROM scoped_requests r
