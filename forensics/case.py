@@ -62,7 +62,7 @@ def memory_bytes(value: str) -> int:
     size = check_memory_limit(value).upper().replace(" ", "")
     number, unit = re.fullmatch(r"([0-9.]+)([KMGT]?I?B)", size).groups()  # type: ignore[union-attr]
     base = 1024 if "I" in unit else 1000
-    return int(float(number) * base ** (" KMGT".index(unit[0]) if unit != "B" else 0))
+    return int(float(number) * base ** "BKMGT".index(unit[0]))
 
 
 def parse_instant(value: Any, tz: str = "UTC") -> datetime:
