@@ -465,14 +465,13 @@ def json_lines_natively(
     (its objects are as many as the file's lines), no repeated key, only ``known`` keys, the
     same keys as the first such file. The others are declined, for the line reader, which
     handles them all; so are all of them when insertion order is not kept, on which the line
-    numbers rely.
+    numbers rely. Lines are counted and their shapes read in one pass of DuckDB's CSV reader
+    cut at newlines alone; a file that pass refuses is counted apart and read as objects.
 
     Returns:
         The read files' sources (``rows`` counted, ``redo_for_rejects`` set), the SQL of their
         rows in one relation, and the positions of the declined files.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     import duckdb
 
     from forensics.sql import scalar
@@ -482,42 +481,65 @@ def json_lines_natively(
         return NativeJsonLines([], "", everything)
     options = f"format = 'newline_delimited', compression = {sql_str(compression or 'none')}"
 
-    def shapes_of(chosen: list[Path]) -> list[tuple]:
-        files = "[" + ", ".join(sql_str(str(p)) for p in chosen) + "]"
+    def files_sql(chosen: list[Path]) -> str:
+        return "[" + ", ".join(sql_str(str(p)) for p in chosen) + "]"
+
+    def shapes_by_line(chosen: list[Path]) -> list[tuple]:
+        # Every line as the line reader numbers them, blank ones included (as NULL), in one
+        # pass: the text cut at each newline alone, with no quoting and a separator that no
+        # valid JSON line holds raw. A carriage return anywhere fails the read (DuckDB's CSV
+        # reader would otherwise end a line there, where the line reader does not).
         return con.execute(
-            f"SELECT __kv_file, json_type(json), json_keys(json), count(*) "
-            f"FROM read_json_objects({files}, {options}, filename = '__kv_file') GROUP BY ALL"
+            f"SELECT filename, json_type(line), json_keys(line), count(*) "
+            f"FROM read_csv({files_sql(chosen)}, columns = {{'line': 'VARCHAR'}}, "
+            f"sep = '\\x01', quote = '', escape = '', header = false, new_line = '\\n', "
+            f"auto_detect = false, compression = {sql_str(compression or 'none')}, "
+            f"filename = true) GROUP BY ALL"
         ).fetchall()
 
-    # The lines are counted in threads while DuckDB reads the objects (both release the GIL).
-    pool = ThreadPoolExecutor(max_workers=min(4, len(paths)))
-    counting = [pool.submit(count_lines, p, compression) for p in paths]
+    def shapes_by_object(path: Path) -> list[tuple]:
+        # A file the line pass refuses (a carriage return, a line past its size, a byte-order
+        # mark, ...): its objects as DuckDB's JSON reader finds them, and its lines counted
+        # apart; lines that are not objects (blank ones among them) show as the difference.
+        shapes = con.execute(
+            f"SELECT filename, json_type(json), json_keys(json), count(*) "
+            f"FROM read_json_objects({files_sql([path])}, {options}, filename = true) "
+            f"GROUP BY ALL"
+        ).fetchall()
+        lines = count_lines(path, compression)
+        found = sum(row[3] for row in shapes)
+        if lines is None or lines != found:
+            shapes.append((str(path), "NOT AN OBJECT", [], abs((lines or 0) - found) or 1))
+        return shapes
+
     try:
-        try:
-            shapes = shapes_of(paths)
-        except duckdb.Error:
-            # Malformed JSON, invalid UTF-8 or damage somewhere: each file alone says which.
-            shapes = []
-            for path in paths:
+        shapes = shapes_by_line(paths)
+    except duckdb.Error:
+        # Malformed JSON, invalid UTF-8, damage or a line the pass refuses somewhere: each
+        # file alone says which, and is read the other way.
+        shapes = []
+        for path in paths:
+            try:
+                shapes += shapes_by_line([path])
+            except duckdb.Error:
                 try:
-                    shapes += shapes_of([path])
+                    shapes += shapes_by_object(path)
                 except duckdb.Error:
                     shapes.append((str(path), "UNREADABLE", [], 0))
-        lines = [c.result() for c in counting]
-    finally:
-        pool.shutdown(cancel_futures=True)
     objects: dict[str, int] = {}
     key_sets: dict[str, set[str]] = {}
     odd: set[str] = set()
     for name, kind, keys, count in shapes:
+        # A blank line (NULL) or anything but an object of distinct known keys.
+        keys = keys or []
         if kind != "OBJECT" or len(set(keys)) < len(keys) or not set(keys) <= known:
             odd.add(name)
         objects[name] = objects.get(name, 0) + count
         key_sets.setdefault(name, set()).update(keys)
     chosen: list[int] = []
-    for i, (path, n) in enumerate(zip(paths, lines, strict=True)):
+    for i, path in enumerate(paths):
         name = str(path)
-        if name in odd or not objects.get(name) or n != objects[name]:
+        if name in odd or not objects.get(name):
             continue
         if chosen and key_sets[name] != key_sets[str(paths[chosen[0]])]:
             continue  # a column one file lacks takes the entry's default there, not here

@@ -110,6 +110,8 @@ def test_one_plain_file_loads_by_duckdbs_reader_too(tmp_path, batches):
     ("name", "data"),
     [
         ("blank line", _lines([_request(1, 0)]) + b"\n  \r\n" + _lines([_request(1, 1)])),
+        ("empty line", _lines([_request(1, 0)]) + b"\n" + _lines([_request(1, 1)])),
+        ("empty last line", _lines([_request(1, 0)]) + b"\n"),
         ("not JSON", _lines([_request(1, 0)]) + b'{"request_id": \n'),
         ("not an object", _lines([_request(1, 0)]) + b"null\n[1, 2]\n"),
         ("repeated key", b'{"request_id": "a", "request_id": "b"}\n' + _lines([_request(1, 1)])),
@@ -130,6 +132,18 @@ def test_files_duckdbs_reader_would_misread_go_line_by_line(tmp_path, batches, n
     assert batches == [-2, 1], name
     assert not result.failures
     assert _tables(tmp_path / "case.duckdb") == _line_by_line(tmp_path / "alone.duckdb", files)
+
+
+def test_a_carriage_return_inside_an_object_still_loads_by_duckdbs_reader(tmp_path, batches):
+    # JSON allows a carriage return between tokens; the one-pass line count refuses it, and
+    # the file is counted the slower way instead, not sent line by line.
+    data = _lines(_varied(1)).replace(b', "tenant_id"', b',\r "tenant_id"')
+    assert data.count(b"\r") == 6
+    path = _write(tmp_path / "r.jsonl.gz", data)
+    result = ingest_paths(tmp_path / "case.duckdb", [path], "requests")
+    assert batches == [1]
+    assert result.rows_loaded == 6
+    assert _tables(tmp_path / "case.duckdb") == _line_by_line(tmp_path / "alone.duckdb", [path])
 
 
 def test_a_reject_keeps_its_raw_line_and_line_number(tmp_path, batches):
