@@ -1180,12 +1180,13 @@ def _load_batch(
     con.execute("SET enable_progress_bar_print = false")
     sources: list[Source] = []
     paths = [item.job[0] for item in batch]
-    # JSON Lines files are read twice, to check them and to load them: a third of the bar and
-    # the rest.
-    first, rest = (1 / 3, 2 / 3) if batch[0].file_type == "jsonl" else (0.0, 1.0)
+    # JSON Lines files are read twice, to check them and to copy their rows to a temp table,
+    # which is then loaded: a third of the bar each.
+    first, rest = (2 / 3, 1 / 3) if batch[0].file_type == "jsonl" else (0.0, 1.0)
+    staged_rows = f"__kv_native_{next(_tags)}"
     if batch[0].file_type == "jsonl":
         # Outside the transaction: a file DuckDB's reader fails on would abort it.
-        stopper = _watch_query(con, lambda f: report(first * f)) if progress else None
+        stopper = _watch_query(con, lambda f: report(f / 3)) if progress else None
         try:
             _check_canonical(kind, field_)
             # A key outside the schema (a tenant_field among them) goes to a row's extra
@@ -1199,11 +1200,21 @@ def _load_batch(
         finally:
             if stopper:
                 stopper()
+        stopper = _watch_query(con, lambda f: report((1 + f) / 3)) if progress else None
+        try:
+            con.execute(f"CREATE TEMP TABLE {staged_rows} AS {native.read}")
+        except duckdb.Error:
+            con.execute(f"DROP TABLE IF EXISTS {staged_rows}")
+            return None, []
+        finally:
+            if stopper:
+                stopper()
+        sources[0].cleanup.append(staged_rows)  # dropped with the sources, whatever happens
     con.execute("BEGIN TRANSACTION")
     try:
         tags = [str(next(_tags)) for _ in batch]
         if batch[0].file_type == "jsonl":
-            relation, position, row = native.relation, "__kv_file_no", "__kv_row"
+            relation, position, row = native.numbered(staged_rows), "__kv_file_no", "__kv_row"
         else:
             for path, tag in zip(paths, tags, strict=True):
                 sources.append(_open(con, path, kind, "canonical", tag, None, defaults, field_)[0])

@@ -448,8 +448,21 @@ class NativeJsonLines:
     """What :func:`json_lines_natively` made of some files."""
 
     sources: list[Source]  # one per file read, in order, its rows counted
-    relation: str  # every read file's rows: __kv_file_no (1-based, in order), __kv_row, keys
+    read: str  # every read file's rows in order, unnumbered: __kv_file_no (1-based), keys
+    starts: list[int]  # how many rows the files before each one hold
     declined: list[int]  # positions of the files the line reader must read
+
+    def numbered(self, table: str) -> str:
+        """The rows of ``read`` copied, in order, to ``table``, each numbered by its line.
+
+        Numbering them while reading (``row_number() OVER ()``) runs the whole read on one
+        thread and costs twice the read; a table made from the read keeps its order (insertion
+        order is kept, or the reader declines every file), so its row ids count the lines.
+        """
+        return (
+            f"(SELECT *, rowid + 1 - list_extract({self.starts}::BIGINT[], __kv_file_no) "
+            f"AS __kv_row FROM {table})"
+        )
 
 
 def json_lines_natively(
@@ -469,8 +482,9 @@ def json_lines_natively(
     cut at newlines alone; a file that pass refuses is counted apart and read as objects.
 
     Returns:
-        The read files' sources (``rows`` counted, ``redo_for_rejects`` set), the SQL of their
-        rows in one relation, and the positions of the declined files.
+        The read files' sources (``rows`` counted, ``redo_for_rejects`` set), the SQL that
+        reads their rows in order (:meth:`NativeJsonLines.numbered` numbers them), and the
+        positions of the declined files.
     """
     import duckdb
 
@@ -478,7 +492,7 @@ def json_lines_natively(
 
     everything = list(range(len(paths)))
     if not scalar(con, "SELECT current_setting('preserve_insertion_order')"):
-        return NativeJsonLines([], "", everything)
+        return NativeJsonLines([], "", [], everything)
     options = f"format = 'newline_delimited', compression = {sql_str(compression or 'none')}"
 
     def files_sql(chosen: list[Path]) -> str:
@@ -546,7 +560,7 @@ def json_lines_natively(
         chosen.append(i)
     declined = [i for i in everything if i not in chosen]
     if not chosen:
-        return NativeJsonLines([], "", declined)
+        return NativeJsonLines([], "", [], declined)
     keys = sorted(key_sets[str(paths[chosen[0]])])
     spec = "{" + ", ".join(f"{sql_str(k)}: 'VARCHAR'" for k in keys) + "}"
     columns = {k: (sql_ident(k), "VARCHAR") for k in keys}
@@ -569,15 +583,13 @@ def json_lines_natively(
     starts = [0]
     for source in sources[:-1]:
         starts.append(starts[-1] + (source.rows or 0))
-    files = "[" + ", ".join(sql_str(str(p)) for p in read) + "]"
+    files = files_sql(read)
     relation = (
-        f"(SELECT * EXCLUDE (__kv_n), __kv_n - list_extract({starts}::BIGINT[], "
-        f"__kv_file_no) AS __kv_row FROM (SELECT row_number() OVER () AS __kv_n, "
-        f"list_position({files}, __kv_file) AS __kv_file_no, * EXCLUDE (__kv_file) "
+        f"SELECT list_position({files}, __kv_file) AS __kv_file_no, * EXCLUDE (__kv_file) "
         f"FROM read_json({files}, {options}, records = true, columns = {spec}, "
-        f"filename = '__kv_file')))"
+        f"filename = '__kv_file')"
     )
-    return NativeJsonLines(sources, relation, declined)
+    return NativeJsonLines(sources, relation, starts, declined)
 
 
 # --- CSV ----------------------------------------------------------------------------------

@@ -63,6 +63,10 @@ def batches(monkeypatch) -> list[int]:
     def spy(con, batch, progress):
         loaded, alone = real(con, batch, progress)
         seen.append(len(batch) if loaded is not None else -len(batch))
+        # Whether it loaded or was undone, the batch leaves no working table behind.
+        assert con.execute(
+            "SELECT list(table_name) FROM duckdb_tables() WHERE temporary"
+        ).fetchone() == (None,)
         return loaded, alone
 
     monkeypatch.setattr(ingest, "_load_batch", spy)

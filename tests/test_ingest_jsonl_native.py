@@ -201,7 +201,9 @@ def test_line_numbers_follow_each_file_in_a_large_batch(tmp_path):
         files.append(_write(tmp_path / f"r-{f}.jsonl", _lines(rows)))
     con = duckdb.connect()
     con.execute("SET threads = 4")
-    relation = json_lines_natively(con, files, None, KNOWN).relation
+    native = json_lines_natively(con, files, None, KNOWN)
+    con.execute(f"CREATE TEMP TABLE staged AS {native.read}")
+    relation = native.numbered("staged")
     wrong = con.execute(
         f"SELECT count(*) FROM {relation} "
         "WHERE request_id <> (__kv_file_no - 1)::VARCHAR || '-' || (__kv_row - 1)::VARCHAR"
