@@ -114,6 +114,7 @@ def test_one_plain_file_loads_by_duckdbs_reader_too(tmp_path, batches):
         ("empty last line", _lines([_request(1, 0)]) + b"\n"),
         ("not JSON", _lines([_request(1, 0)]) + b'{"request_id": \n'),
         ("not an object", _lines([_request(1, 0)]) + b"null\n[1, 2]\n"),
+        ("an empty object", _lines([_request(1, 0)]) + b"{}\n"),
         ("repeated key", b'{"request_id": "a", "request_id": "b"}\n' + _lines([_request(1, 1)])),
         ("unknown key", _lines([_request(1, 0, region="eu")])),
         ("keys differing in case", _lines([_request(1, 0, Tenant_ID="x")])),
