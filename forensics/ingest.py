@@ -1183,8 +1183,8 @@ def _load_batch(
     # JSON Lines files are read twice, to check them and to copy their rows to a temp table,
     # which is then loaded: a third of the bar each.
     first, rest = (2 / 3, 1 / 3) if batch[0].file_type == "jsonl" else (0.0, 1.0)
-    staged_rows = f"__kv_native_{next(_tags)}"
     if batch[0].file_type == "jsonl":
+        staged_rows = f"__kv_native_{next(_tags)}"
         # Outside the transaction: a file DuckDB's reader fails on would abort it.
         stopper = _watch_query(con, lambda f: report(f / 3)) if progress else None
         try:

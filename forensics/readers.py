@@ -449,7 +449,6 @@ class NativeJsonLines:
 
     sources: list[Source]  # one per file read, in order, its rows counted
     read: str  # every read file's rows in order, unnumbered: __kv_file_no (1-based), keys
-    starts: list[int]  # how many rows the files before each one hold
     declined: list[int]  # positions of the files the line reader must read
 
     def numbered(self, table: str) -> str:
@@ -459,8 +458,12 @@ class NativeJsonLines:
         thread and costs twice the read; a table made from the read keeps its order (insertion
         order is kept, or the reader declines every file), so its row ids count the lines.
         """
+        # Each file's rows follow the previous files' in the table.
+        starts = [0]
+        for source in self.sources[:-1]:
+            starts.append(starts[-1] + (source.rows or 0))
         return (
-            f"(SELECT *, rowid + 1 - list_extract({self.starts}::BIGINT[], __kv_file_no) "
+            f"(SELECT *, rowid + 1 - list_extract({starts}::BIGINT[], __kv_file_no) "
             f"AS __kv_row FROM {table})"
         )
 
@@ -492,7 +495,7 @@ def json_lines_natively(
 
     everything = list(range(len(paths)))
     if not scalar(con, "SELECT current_setting('preserve_insertion_order')"):
-        return NativeJsonLines([], "", [], everything)
+        return NativeJsonLines([], "", everything)
     options = f"format = 'newline_delimited', compression = {sql_str(compression or 'none')}"
 
     def files_sql(chosen: list[Path]) -> str:
@@ -522,10 +525,10 @@ def json_lines_natively(
             f"count(*) FROM read_json_objects({files_sql([path])}, {options}, filename = true) "
             f"GROUP BY ALL"
         ).fetchall()
-        lines = count_lines(path, compression)
+        counted = count_lines(path, compression)
         found = sum(row[2] for row in shapes)
-        if lines is None or lines != found:
-            shapes.append((str(path), None, abs((lines or 0) - found) or 1))
+        if counted is None or counted != found:
+            shapes.append((str(path), None, abs((counted or 0) - found) or 1))
         return shapes
 
     try:
@@ -542,26 +545,26 @@ def json_lines_natively(
                     shapes += shapes_by_object(path)
                 except duckdb.Error:
                     shapes.append((str(path), None, 0))
-    objects: dict[str, int] = {}
+    lines: dict[str, int] = {}  # every line, blank ones included
     key_sets: dict[str, set[str]] = {}
     odd: set[str] = set()
     for name, keys, count in shapes:
         # A blank line (NULL), no keys (not an object) or keys repeated or unknown.
         if not keys or len(set(keys)) < len(keys) or not set(keys) <= known:
             odd.add(name)
-        objects[name] = objects.get(name, 0) + count
+        lines[name] = lines.get(name, 0) + count
         key_sets.setdefault(name, set()).update(keys or [])
     chosen: list[int] = []
     for i, path in enumerate(paths):
         name = str(path)
-        if name in odd or not objects.get(name):
+        if name in odd or not lines.get(name):
             continue
         if chosen and key_sets[name] != key_sets[str(paths[chosen[0]])]:
             continue  # a column one file lacks takes the entry's default there, not here
         chosen.append(i)
     declined = [i for i in everything if i not in chosen]
     if not chosen:
-        return NativeJsonLines([], "", [], declined)
+        return NativeJsonLines([], "", declined)
     keys = sorted(key_sets[str(paths[chosen[0]])])
     spec = "{" + ", ".join(f"{sql_str(k)}: 'VARCHAR'" for k in keys) + "}"
     columns = {k: (sql_ident(k), "VARCHAR") for k in keys}
@@ -575,22 +578,18 @@ def json_lines_natively(
             columns=dict(columns),
             row_expr="__kv_row",
             raw_expr="NULL",
-            rows=objects[str(p)],
+            rows=lines[str(p)],
             redo_for_rejects=True,
         )
         for p in read
     ]
-    # Each file's rows follow the previous files' in the reader's output.
-    starts = [0]
-    for source in sources[:-1]:
-        starts.append(starts[-1] + (source.rows or 0))
     files = files_sql(read)
     relation = (
         f"SELECT list_position({files}, __kv_file) AS __kv_file_no, * EXCLUDE (__kv_file) "
         f"FROM read_json({files}, {options}, records = true, columns = {spec}, "
         f"filename = '__kv_file')"
     )
-    return NativeJsonLines(sources, relation, starts, declined)
+    return NativeJsonLines(sources, relation, declined)
 
 
 # --- CSV ----------------------------------------------------------------------------------
