@@ -10,6 +10,9 @@ process with its peak resident memory:
 - ``forensics ingest``, ``detect`` and ``report`` one after the other on a fresh database, then
   ``forensics run`` on another fresh database (JSON Lines: ingest only unless
   ``--jsonl-stages all``: the later stages read the same database whatever the input format);
+- ``weak``: ``forensics detect`` and ``report`` once more on the same database with a weak
+  signal firing on many requests (``latency_too_good`` loosened to call about one request in
+  sixteen ``possible``): the report must stay bounded in time and memory whatever the counts;
 - ``spark``: ``forensics detect --engine spark`` on Spark in local mode (``local[2]`` here),
   after the DuckDB detection on the same database, when pyspark and a Java runtime are
   installed. One machine is where Spark is slowest: the column shows that the same detection
@@ -26,7 +29,7 @@ nothing about time.
 Usage::
 
     python benchmarks/run.py [--sizes 1M,2M,4M,8M,16M] [--formats parquet,jsonl]
-        [--stages ingest,detect,spark,report,run] [--jsonl-stages ingest|all]
+        [--stages ingest,detect,spark,report,weak,run] [--jsonl-stages ingest|all]
         [--memory-limit 1GB] [--timeout 3600]
         [--cache DIR] [--out FILE] [--append] [--no-peer]
     python benchmarks/run.py --show [--out FILE]
@@ -54,7 +57,12 @@ import casegen  # noqa: E402
 
 LADDER = (1_000_000, 2_000_000, 4_000_000, 8_000_000, 16_000_000)
 SMALL = 200_000
-STAGES = ("ingest", "detect", "spark", "report", "run")
+STAGES = ("ingest", "detect", "spark", "report", "weak", "run")
+# The weak-signal pass: latency_too_good made loose enough to call about one request in
+# sixteen `possible`, the way a weak signal fires on a real incident's traffic; the report
+# must still render in bounded time and memory.
+WEAK_DETECTION = {"latency_factor": "0.99", "min_prompt_tokens": "1024"}
+GROWTH_COLUMNS = ("ingest", "detect", "spark", "report", "run")  # the table's "i d s r run"
 SPARK_MASTER = "local[2]"
 FORENSICS = Path(sys.executable).with_name("forensics")
 
@@ -144,19 +152,49 @@ def counts(database: Path) -> dict:
 
     con = duckdb.connect(str(database), read_only=True)
     try:
-        affected, exposures = con.execute(
+        affected, exposures, possible = con.execute(
             """SELECT (SELECT count(*) FROM findings_affected
                        WHERE verdict IN ('confirmed', 'likely')),
-                      (SELECT count(*) FROM findings_exposures)"""
+                      (SELECT count(*) FROM findings_exposures),
+                      (SELECT count(*) FROM findings_affected WHERE verdict = 'possible')"""
         ).fetchone()
     finally:
         con.close()
-    return {"affected": affected, "exposures": exposures}
+    return {"affected": affected, "exposures": exposures, "possible": possible}
+
+
+def weak_manifest(case: Path) -> Path:
+    r"""A copy of the case's manifest beside it, on the same evidence and database, whose
+    ``[detection]`` sets WEAK_DETECTION.
+
+    >>> import tempfile
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> _ = (folder / "case.toml").write_text(
+    ...     '[incident]\nid = "x"\n\n[detection]\nlatency_factor = 0.2\noverlap_window = "15m"\n')
+    >>> print(weak_manifest(folder).read_text())
+    [incident]
+    id = "x"
+    <BLANKLINE>
+    [detection]
+    latency_factor = 0.99
+    min_prompt_tokens = 1024
+    overlap_window = "15m"
+    <BLANKLINE>
+    """
+    lines = (case / "case.toml").read_text().splitlines()
+    if "[detection]" not in lines:
+        lines.append("[detection]")
+    keep = [line for line in lines if line.split("=")[0].strip() not in WEAK_DETECTION]
+    at = keep.index("[detection]") + 1
+    keep[at:at] = [f"{key} = {value}" for key, value in WEAK_DETECTION.items()]
+    path = case / "case.weak.toml"
+    path.write_text("\n".join(keep) + "\n")
+    return path
 
 
 def fresh(case: Path) -> None:
     """Remove the case database (and its spill folder) and any earlier report."""
-    for name in ("case.duckdb", "case.duckdb.wal"):
+    for name in ("case.duckdb", "case.duckdb.wal", "case.weak.toml"):
         (case / name).unlink(missing_ok=True)
     shutil.rmtree(case / "case.duckdb.tmp", ignore_errors=True)
     shutil.rmtree(case / "report", ignore_errors=True)
@@ -203,6 +241,13 @@ def run_case(case: Path, fmt: str, stages: tuple[str, ...], args, peer: bool) ->
             ok = step(stage, cmd + limit + (engine if stage == "spark" else []))
             if stage in ("detect", "spark") and ok:
                 row["found" if stage == "detect" else "found_spark"] = counts(case / "case.duckdb")
+    if ok and "weak" in stages and "report" in chain:
+        # The same database again, a weak signal firing on many requests: detection and
+        # the report, timed as one stage each.
+        weak = str(weak_manifest(case))
+        if step("weak_detect", [str(FORENSICS), "detect", weak] + limit):
+            row["found_weak"] = counts(case / "case.duckdb")
+            step("weak_report", [str(FORENSICS), "report", weak] + limit)
     if "run" in stages:
         fresh(case)
         if step("run", [str(FORENSICS), "run", str(case)] + limit) and "found" not in row:
@@ -296,7 +341,7 @@ def table(rows: list[dict], peers: dict[int, dict]) -> str:
         if detect and spark and detect["outcome"] == spark["outcome"] == "ok":
             s_detect = ratio(spark["seconds"], detect["seconds"])
         g = row.get("growth_per_doubling", {})
-        grow = " ".join(f"{g[k]:.2f}" if k in g else "-" for k in STAGES)
+        grow = " ".join(f"{g[k]:.2f}" if k in g else "-" for k in GROWTH_COLUMNS)
         lines.append(
             f"{label(row['requests']):>9} {row['format']:7} {row['input_rows'] / 1e6:5.1f}M "
             f"{_cell(floor_):>11} {_cell(s.get('peer')):>11} "
@@ -305,6 +350,24 @@ def table(rows: list[dict], peers: dict[int, dict]) -> str:
             f"{i_floor:>12} {r_floor:>9} {r_peer:>8} {r_rss:>8} {s_detect:>12}  {grow}"
         )
     return "\n".join(lines)
+
+
+def weak_lines(rows: list[dict]) -> list[str]:
+    """One line per case measured with a weak signal: how many it called possible, and what
+    detection and the report cost then against the same stages without it."""
+    lines = []
+    for row in rows:
+        s = row["stages"]
+        if "weak_report" not in s or "found_weak" not in row:
+            continue
+        lines.append(
+            f"{label(row['requests']):>9} {row['format']:7} weak signal: "
+            f"{row['found_weak']['possible']:,} possible "
+            f"({row['found_weak']['possible'] / row['requests']:.1%} of requests); "
+            f"detect {_cell(s['weak_detect'])} (without: {_cell(s.get('detect'))}), "
+            f"report {_cell(s['weak_report'])} (without: {_cell(s.get('report'))})"
+        )
+    return lines
 
 
 def machine() -> dict:
@@ -356,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
         ratios(rows)
         peers = {r["requests"]: r["stages"]["peer"] for r in rows if "peer" in r["stages"]}
         print(table(rows, peers))
+        print("\n".join(weak_lines(rows)))
         return 0
 
     sizes = [SMALL] if args.small else sorted(parse_size(s) for s in args.sizes.split(","))
@@ -403,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
             write(args.out, started, args, rows)
     print()
     print(table(rows, peers))
+    print("\n".join(weak_lines(rows)))
     differ = []
     for row in rows:
         if "found" in row:

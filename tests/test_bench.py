@@ -77,7 +77,8 @@ def test_small_mode_runs_every_stage(tmp_path):
     parquet = by_format["parquet"]
     # Detection on Spark too, where pyspark and a Java runtime are installed (CI has both).
     spark = set() if _load("run").spark_missing() else {"spark"}
-    stages = {"floor", "peer", "ingest", "detect", "report", "run"} | spark
+    stages = {"floor", "peer", "ingest", "detect", "report", "weak_detect", "weak_report", "run"}
+    stages |= spark
     assert set(parquet["stages"]) == stages
     assert set(by_format["jsonl"]["stages"]) == {"floor", "ingest"}
     for row in doc["rows"]:
@@ -91,6 +92,11 @@ def test_small_mode_runs_every_stage(tmp_path):
     assert parquet["peer_result"]["flagged"] == parquet["planted_affected"]
     if spark:
         assert parquet["found_spark"] == parquet["found"]
+    # The weak signal fired on many requests (as possible) and took nothing from the planted.
+    weak = parquet["found_weak"]
+    assert weak["possible"] > parquet["requests"] / 50 > parquet["found"]["possible"]
+    assert weak["affected"] == parquet["found"]["affected"]
+    assert "weak signal:" in proc.stdout
     # The case stays cached for the next run; the databases and reports are gone.
     (case,) = (tmp_path / "cache").iterdir()
     assert (case / "meta.json").exists() and not list(case.rglob("*.duckdb"))
