@@ -947,6 +947,80 @@ def test_timeline_export_is_timesketch_jsonl(report):
     assert any(m.startswith("Exclusion 'researcher' (Bug bounty") for m in exclusion)
 
 
+def _timeline_by_python(con, data, red):
+    """The timeline as the export defines it, made event by event in Python: affected
+    responses in arrival order, sorted by (time, kind, message) keeping that order for ties,
+    merged with the other events, an affected response first on equal keys."""
+    import heapq
+
+    from forensics.report.exports import _event_key, _other_events, affected_event, event_line
+
+    rows = con.execute(
+        """SELECT request_id, tenant_id, received_at, prompt_tokens, threshold_tokens, verdict,
+                  signals, excluded_by
+           FROM findings_affected WHERE received_at IS NOT NULL
+           ORDER BY received_at, request_id"""
+    ).fetchall()
+    affected = [affected_event(r[0], red.tenant(r[1]), *r[2:]) for r in rows]
+    affected.sort(key=_event_key)
+    events = heapq.merge(affected, _other_events(con, data), key=_event_key)
+    return "".join(event_line(e) for e in events)
+
+
+@pytest.mark.parametrize("key", [None, b"k"], ids=["plain", "redacted"])
+def test_timeline_lines_made_by_the_database_are_pythons(tmp_path, monkeypatch, key):
+    """Each affected response's line is written by the database where its text needs no
+    escaping, and by json.dumps where it does; either way the bytes and the order are those
+    of the events made one by one in Python, whatever the ids hold."""
+    from datetime import UTC, datetime
+
+    from forensics.report import csvsql
+    from forensics.report.data import all_tenant_ids, load_report_data
+    from forensics.report.exports import timesketch_jsonl
+    from forensics.report.redact import Redactor
+
+    case, con = build(tmp_path / "case")
+    tricky = ['q"q', "a\\b", "é,ü", "tab\there", "ctl\x01", "", "plain", "'", "\u2028", "😀"]
+    at = [datetime(2026, 9, 1, 10, 0, 0, us, tzinfo=UTC) for us in (0, 500000, 1, 250000)]
+    rows = []
+    for i, text in enumerate(tricky * 2):
+        rows.append(
+            (
+                f"r-t{i}" if i % 3 else f"r-{text}",
+                None if i % 7 == 0 else text if i % 2 else f"acct_{text}",
+                None if i == 7 else at[i % 4],
+                None if i % 6 == 1 else 700000 + i,
+                [None, 0, 655360][i % 3],
+                None if i == 9 else "possible",
+                text if i % 4 == 0 else "latency_too_good",
+                [None, "", "researcher", text][i % 4],
+            )
+        )
+    # Two responses alike in every word of their line: arrival order breaks the tie.
+    rows += [("r-same", "acct_alpha", at[1], 5, 0, "possible", "x", None)] * 2
+    con.executemany(
+        """INSERT INTO findings_affected (request_id, tenant_id, received_at, prompt_tokens,
+             threshold_tokens, verdict, signals, excluded_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?)""",
+        rows,
+    )
+    red = Redactor(all_tenant_ids(con), key)
+    data = load_report_data(con, case, datetime(2026, 9, 12, tzinfo=UTC), red)
+    monkeypatch.setattr(csvsql, "BATCH_LINES", 4)
+    by_sql = "".join(timesketch_jsonl(con, data, red))
+    assert by_sql == _timeline_by_python(con, data, red)
+    timed = con.execute(
+        "SELECT count(*) FROM findings_affected WHERE received_at IS NOT NULL"
+    ).fetchone()[0]
+    con.close()
+    events = [json.loads(line) for line in by_sql.splitlines()]
+    assert sum(e["kind"] == "affected_response" for e in events) == timed
+    # No tenant and an empty one (a pseudonym when redacted) are both here.
+    assert None in {e.get("tenant_id") for e in events}
+    assert ("" in {e.get("tenant_id") for e in events}) is (key is None)
+    # Both ways of writing a line are in use here.
+    assert '\\"' in by_sql and "prompt of unknown length" in by_sql
+
+
 def test_findings_are_written_as_parquet_beside_the_csvs(report):
     import duckdb
 
@@ -1003,7 +1077,7 @@ def test_large_outputs_stream_in_batches_with_the_same_bytes(tmp_path, monkeypat
     """affected_responses.csv, exposures.csv and timeline.jsonl stream from the database; the
     batch size never shows in the bytes, and within one second the timeline keeps the order
     of its written timestamps (a fraction sorts before the whole second)."""
-    from forensics.report import data as report_data
+    from forensics.report import csvsql
 
     case, con = build(tmp_path / "case")
     con.execute(
@@ -1016,7 +1090,7 @@ def test_large_outputs_stream_in_batches_with_the_same_bytes(tmp_path, monkeypat
     )
     names = ("affected_responses.csv", "exposures.csv", "timeline.jsonl")
     write_report(con, case, tmp_path / "whole")
-    monkeypatch.setattr(report_data, "BATCH_ROWS", 1)
+    monkeypatch.setattr(csvsql, "BATCH_LINES", 1)
     write_report(con, case, tmp_path / "batched")
     con.close()
     for name in names:

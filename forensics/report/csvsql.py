@@ -144,7 +144,7 @@ def csv_chunks(
     sql: str,
     order_by: str,
     red: Redactor | None = None,
-    every: int = BATCH_LINES,
+    every: int | None = None,
 ) -> Iterator[str]:
     """A header line, then the CSV lines of every row of ``sql`` in chunks of ``every`` rows.
 
@@ -152,6 +152,7 @@ def csv_chunks(
     kind (see :data:`KINDS`); the rows come in ``order_by`` order (``q.<name>`` for a column
     of ``sql``; tenant ids unredacted). Tenant columns hold pseudonyms when ``red`` is active.
     The query runs on its own cursor, so other queries can run while the chunks are written.
+    ``every`` defaults to :data:`BATCH_LINES`.
     """
     # A cursor of its own; the lines need none of the case's macros.
     cur = con.cursor()
@@ -160,16 +161,16 @@ def csv_chunks(
         redacting = red is not None and red.active and bool(tenants)
         if redacting:
             assert red is not None
-            _register_pseudonyms(cur, sql, tenants, red)
+            register_pseudonyms(cur, sql, tenants, red)
         yield ",".join(name for name, _ in columns) + "\n"
         cur.execute(lines_sql(columns, sql, order_by, pseudonyms=redacting))
-        while batch := cur.fetchmany(every):
+        while batch := cur.fetchmany(every or BATCH_LINES):
             yield "".join(row[0] for row in batch)
     finally:
         cur.close()
 
 
-def _register_pseudonyms(
+def register_pseudonyms(
     cur: duckdb.DuckDBPyConnection, sql: str, tenants: list[str], red: Redactor
 ) -> None:
     """``__kv_pseudonyms`` on ``cur``: each distinct tenant id of those columns of ``sql`` and

@@ -8,7 +8,6 @@ templates and CSV writers never see a raw id in a redacted report.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -286,7 +285,6 @@ SELECT request_id, tenant_id, received_at, prompt_tokens, threshold_tokens, verd
        excluded_by, model, prefill_node, decode_node, dp_rank
 FROM findings_affected"""
 AFFECTED_ORDER = "q.received_at, q.request_id"
-_AFFECTED_SQL = f"SELECT * FROM ({AFFECTED_ROWS_SQL}) q ORDER BY {AFFECTED_ORDER}"
 
 EXPOSURE_ROWS_SQL = """
 SELECT e.recipient_request_id, e.recipient_tenant_id, e.source_request_id, e.source_tenant_id,
@@ -298,34 +296,6 @@ LEFT JOIN (SELECT request_id, min(received_at) AS received_at
   ON a.request_id = e.recipient_request_id"""
 EXPOSURE_ORDER = """q.recipient_at NULLS LAST, q.recipient_request_id, q.method, q.rank NULLS LAST,
          q.source_request_id, q.source_tenant_id, q.tokens"""
-
-# Rows fetched at a time when affected responses or exposures stream into an output.
-BATCH_ROWS = 10_000
-
-
-def _stream(con: duckdb.DuckDBPyConnection, sql: str) -> Iterator[dict]:
-    """A query's rows as dicts, fetched in batches on their own cursor (so other queries can
-    run while the rows are consumed, and memory holds one batch)."""
-    from forensics.db import cursor
-
-    cur = cursor(con)
-    try:
-        cur.execute(sql)
-        names = [d[0] for d in cur.description]
-        while batch := cur.fetchmany(BATCH_ROWS):
-            for row in batch:
-                yield dict(zip(names, row, strict=True))
-    finally:
-        cur.close()
-
-
-def affected_rows(con: duckdb.DuckDBPyConnection, red: Redactor) -> Iterator[dict]:
-    """Every affected response in arrival order, tenant ids redacted, streamed."""
-    for a in _stream(con, _AFFECTED_SQL):
-        a["tenant_id"] = red.tenant(a["tenant_id"])
-        a["received_at"] = utc(a["received_at"])
-        yield a
-
 
 # "Not excluded" as the outputs read it: no exclusion name at all.
 _KEPT = "coalesce(excluded_by, '') = ''"
