@@ -130,20 +130,54 @@ def measure(cmd: list[str], timeout: float, cwd: Path | None = None) -> dict:
     return result
 
 
-def ensure_case(cache: Path, requests: int, seed: int, small: bool, timeout: float) -> Path:
-    """The cached case folder for this size, generated (in a child process) when missing."""
+def ensure_case(
+    cache: Path,
+    requests: int,
+    seed: int,
+    small: bool,
+    timeout: float,
+    formats: tuple[str, ...] = casegen.FORMATS,
+) -> Path:
+    """The cached case folder for this size, generated (in a child process) when missing.
+
+    A cached case lacking one of ``formats`` (generated with ``casegen.py --formats`` for
+    the others) gets it added: the same seed gives the same case, which the counts check.
+    """
     shape = "small" if small else "fleet64"
     folder = cache / f"v{casegen.GENERATOR_VERSION}-seed{seed}-{requests}-{shape}"
     if (folder / "meta.json").exists():
+        meta = json.loads((folder / "meta.json").read_text())
+        missing = [f for f in formats if f not in meta["bytes"] or not (folder / f).is_dir()]
+        if not missing:
+            return folder
+        extra = folder.parent / f"{folder.name}.more"
+        _generate(extra, requests, seed, shape, missing, timeout)
+        more = json.loads((extra / "meta.json").read_text())
+        counted = ("requests", "engine_legs", "affected", "pool_snapshots", "tenants")
+        if any(more[k] != meta[k] for k in counted):
+            raise SystemExit(f"{folder}: the formats added do not hold the same case")
+        for fmt in missing:
+            shutil.rmtree(folder / fmt, ignore_errors=True)
+            (extra / fmt).rename(folder / fmt)
+            meta["bytes"][fmt] = more["bytes"][fmt]
+        (folder / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        shutil.rmtree(extra)
         return folder
+    _generate(folder, requests, seed, shape, list(casegen.FORMATS), timeout)
+    return folder
+
+
+def _generate(
+    folder: Path, requests: int, seed: int, shape: str, formats: list[str], timeout: float
+) -> None:
     cmd = [sys.executable, str(HERE / "casegen.py"), str(folder), "--requests", str(requests)]
-    cmd += ["--seed", str(seed), "--shape", shape]
-    print(f"generating {label(requests)} requests into {folder} ...", flush=True)
+    cmd += ["--seed", str(seed), "--shape", shape, "--formats", ",".join(formats)]
+    print(f"generating {label(requests)} requests ({', '.join(formats)}) into {folder} ...")
+    sys.stdout.flush()
     result = measure(cmd, timeout)
     if result["outcome"] != "ok":
         raise SystemExit(f"case generation failed: {result['outcome']}: {result['last_line']}")
     print(f"  generated in {result['seconds']:.1f} s, peak {result['peak_rss_mb']:,} MB")
-    return folder
 
 
 def counts(database: Path) -> dict:
@@ -444,7 +478,9 @@ def main(argv: list[str] | None = None) -> int:
         rows = json.loads(args.out.read_text())["rows"]
     peers = {r["requests"]: r["stages"]["peer"] for r in rows if "peer" in r["stages"]}
     for requests in sizes:
-        folder = ensure_case(args.cache, requests, args.seed, args.small, args.timeout)
+        folder = ensure_case(
+            args.cache, requests, args.seed, args.small, args.timeout, tuple(formats)
+        )
         meta = json.loads((folder / "meta.json").read_text())
         print(f"{label(requests)} requests ({folder.name}):", flush=True)
         for fmt in formats:

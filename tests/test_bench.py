@@ -117,3 +117,22 @@ def test_a_day_past_the_part_size_is_generated_in_parts(tmp_path, monkeypatch):
     rows = sum(pq.read_metadata(p).num_rows for p in evidence.glob("requests-*"))
     assert rows == meta["requests"] == 14 * 7_000
     assert meta["bytes"].keys() == {"parquet"}
+
+
+def test_a_cached_case_missing_a_format_gets_it_added(tmp_path):
+    """A case cached in one format (casegen.py --formats) is not taken for one with both: the
+    missing format is generated beside it and moved in, the same case by its counts."""
+    casegen, run = _load("casegen"), _load("run")
+    requests, seed = 14 * 2_000, 3
+    folder = tmp_path / f"v{casegen.GENERATOR_VERSION}-seed{seed}-{requests}-small"
+    meta = casegen.generate(folder, requests, seed, casegen.SHAPES["small"], ("parquet",))
+    parquet = sorted(p.name for p in (folder / "parquet" / "evidence").iterdir())
+    got = run.ensure_case(tmp_path, requests, seed, True, 600, ("parquet", "jsonl"))
+    assert got == folder and sorted(p.name for p in tmp_path.iterdir()) == [folder.name]
+    after = json.loads((folder / "meta.json").read_text())
+    assert after["bytes"].keys() == {"parquet", "jsonl"}
+    assert after["bytes"]["parquet"] == meta["bytes"]["parquet"]
+    assert after["requests"] == meta["requests"] == requests
+    assert sorted(p.name for p in (folder / "parquet" / "evidence").iterdir()) == parquet
+    assert (folder / "jsonl" / "case.toml").exists()
+    assert any((folder / "jsonl" / "evidence").glob("requests-*.jsonl.gz"))
