@@ -27,14 +27,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from forensics import schema
+from forensics import repeats, schema
 from forensics.casts import _SEP, stage_sql
 from forensics.errors import EvidenceError, ForensicsError, ResourceError
 from forensics.progress import StepProgress
 from forensics.readers import Source, open_source, sql_ident, sql_str
 from forensics.sql import first_row, scalar
 from forensics.status import (  # re-exported: the status API belongs to ingest's public face
-    CONFLICTING_DUPLICATE,
     EXACT_DUPLICATE,
     EvidenceOutcome,
     EvidenceRow,
@@ -552,8 +551,8 @@ def _load(
     The casting query is not materialised (staging ten million wide rows costs more than
     reading the source again): it runs once for the good rows and, only when some row did not
     load, a second time for the rejects. Good rows that repeat an event already loaded are
-    found among the loaded rows afterwards and moved to the rejects (:func:`_duplicates`), by
-    a casting query that rejects them too.
+    found among the loaded rows afterwards and moved to the rejects
+    (:func:`forensics.repeats.flag_repeats`), by a casting query that rejects them too.
     """
     eid = scalar(con, "SELECT nextval('evidence_seq')")
     run = _runner(con, staged.size, report, watch)
@@ -617,9 +616,9 @@ def _finish(
     replacing = [] if outcome != "loaded" else _partial_loads(con, label, kind, eid)
     duplicates = conflicts = 0
     if staged.flags is not None:
-        flagged = _given_flags(con, staged.flags, tag)
+        flagged = repeats.given_flags(con, staged.flags, tag)
     elif staged.check_duplicates:
-        flagged = _duplicates(con, kind, eid, label, replacing, tag)
+        flagged = repeats.flag_repeats(con, kind, eid, label, replacing, tag)
     else:
         flagged = None
     if flagged is not None:
@@ -731,176 +730,6 @@ def _partial_loads(con: duckdb.DuckDBPyConnection, label: str, kind: str, eid: i
             [label, kind, eid],
         ).fetchall()
     ]
-
-
-def _same(a: str, b: str, names: Iterable[str]) -> str:
-    """SQL: rows ``a`` and ``b`` agree on every column of ``names`` (NULL equal to NULL)."""
-    return " AND ".join(
-        f"{a}.{sql_ident(c)} IS NOT DISTINCT FROM {b}.{sql_ident(c)}" for c in names
-    )
-
-
-def _repeat_reason(kind: str, c: str = "c", k: str = "k") -> str:
-    """SQL of the reason row ``c`` is rejected as a repeat of the kept row ``k`` of the same
-    identity (``k.where_kept`` says where that is): an exact duplicate when every canonical
-    column is the same, else a conflicting one naming the columns that differ."""
-    identity = schema.IDENTITY[kind]
-    cols = [col.name for col in schema.columns(kind)]
-    differs = ", ".join(
-        f"CASE WHEN {c}.{sql_ident(n)} IS DISTINCT FROM {k}.{sql_ident(n)} THEN {sql_str(n)} END"
-        for n in cols
-    )
-    names = " and ".join(identity) if len(identity) < 3 else ", ".join(identity)
-    return (
-        f"CASE WHEN {_same(c, k, cols)} "
-        f"THEN '{EXACT_DUPLICATE}: same content as ' || {k}.where_kept || ', which is loaded' "
-        f"ELSE '{CONFLICTING_DUPLICATE}: same {names} as ' || {k}.where_kept "
-        f"|| ', which is loaded, but a different ' || concat_ws(', ', {differs}) END"
-    )
-
-
-def _duplicates(
-    con: duckdb.DuckDBPyConnection,
-    kind: str,
-    eid: int,
-    label: str,
-    ignore: list[int],
-    tag: str,
-) -> str | None:
-    """Find the rows of evidence ``eid`` (just inserted) that repeat an event already loaded.
-
-    An event is identified by the columns of ``schema.IDENTITY``; of the rows that share an
-    identity, the first loaded (by evidence, then source row) is kept. Every later row of this
-    file is flagged: an *exact duplicate* when all its canonical columns equal the kept row's,
-    else a *conflicting duplicate* naming the columns that differ. Rows of the ``ignore``
-    evidence ids are not compared against.
-
-    Set-based throughout: the identities this file repeats (within itself, or against what is
-    loaded: an anti-join, not a lookup per row) are found first, and only those rows are
-    ranked and compared. Returns the name of a temp table of ``(source_row, column_name,
-    reason)``, or None when nothing repeats.
-    """
-    identity = schema.IDENTITY.get(kind)
-    if not identity:
-        return None
-    key = ", ".join(sql_ident(c) for c in identity)
-
-    def older(alias: str = "") -> str:
-        # Rows loaded before this file, but not those of the partial loads it replaces.
-        where = f"{alias}evidence_id <> {eid}"
-        if ignore:
-            where += f" AND {alias}evidence_id NOT IN ({', '.join(str(i) for i in ignore)})"
-        return where
-
-    keys, flagged = f"__kv_dupkeys_{tag}", f"__kv_dups_{tag}"
-    repeated = scalar(
-        con,
-        f"CREATE OR REPLACE TEMP TABLE {keys} AS "
-        f"SELECT {key} FROM {kind} WHERE evidence_id = {eid} GROUP BY ALL HAVING count(*) > 1 "
-        f"UNION SELECT {', '.join(f'n.{sql_ident(c)}' for c in identity)} FROM {kind} n "
-        f"SEMI JOIN (SELECT {key} FROM {kind} WHERE {older()}) o ON {_same('n', 'o', identity)} "
-        f"WHERE n.evidence_id = {eid}",
-    )
-    if not repeated:
-        con.execute(f"DROP TABLE {keys}")
-        return None
-    con.execute(
-        f"""CREATE OR REPLACE TEMP TABLE {flagged} AS
-        WITH c AS (
-          SELECT t.*, row_number() OVER (PARTITION BY {key} ORDER BY evidence_id, source_row)
-                   AS __kv_rank
-          FROM {kind} t SEMI JOIN {keys} d ON {_same("t", "d", identity)}
-          WHERE t.evidence_id = {eid} OR ({older("t.")})
-        ),
-        k AS (SELECT * FROM c WHERE __kv_rank = 1)
-        SELECT c.source_row, {sql_str(identity[0])} AS column_name, {_repeat_reason(kind)} AS reason
-        FROM c JOIN (
-          SELECT k.*, CASE WHEN k.evidence_id = {eid} THEN {sql_str(label)} ELSE e.path END
-                      || ':' || k.source_row AS where_kept
-          FROM k LEFT JOIN evidence e USING (evidence_id)
-        ) k ON {_same("c", "k", identity)}
-        WHERE c.__kv_rank > 1 AND c.evidence_id = {eid}"""
-    )
-    con.execute(f"DROP TABLE {keys}")
-    return flagged
-
-
-def repeats_sql(kind: str, rows: str, files: str) -> str | None:
-    """The rows of every file of one kind at once that repeat an event of an earlier row: the
-    set-based form of what loading the files one after the other finds (:func:`_duplicates`).
-
-    ``rows`` is a relation of the kind's canonical columns with ``evidence_id`` and
-    ``source_row`` (every row of every file, none judged yet); ``files`` one of
-    ``(evidence_id, path)``. Of the rows that share an identity the first by evidence id, then
-    source row, is kept, as it is when the files load in that order: each later one is flagged
-    against it. Returns a query of ``(evidence_id, source_row, column_name, reason)``, or None
-    when the kind has no identity. Written in DuckDB's SQL; Spark runs it translated.
-    """
-    identity = schema.IDENTITY.get(kind)
-    if not identity:
-        return None
-    key = ", ".join(sql_ident(c) for c in identity)
-    return f"""WITH keys AS (SELECT {key} FROM {rows} GROUP BY {key} HAVING count(*) > 1),
-c AS (
-  SELECT t.*, row_number() OVER (PARTITION BY {key} ORDER BY evidence_id, source_row)
-           AS __kv_rank
-  FROM {rows} t SEMI JOIN keys d ON {_same("t", "d", identity)}
-),
-k AS (
-  SELECT c.*, f.path || ':' || c.source_row AS where_kept
-  FROM c JOIN {files} f ON f.evidence_id = c.evidence_id
-  WHERE c.__kv_rank = 1
-)
-SELECT c.evidence_id, c.source_row, {sql_str(identity[0])} AS column_name,
-       {_repeat_reason(kind)} AS reason
-FROM c JOIN k ON {_same("c", "k", identity)}
-WHERE c.__kv_rank > 1"""
-
-
-def _may_repeat(con: duckdb.DuckDBPyConnection, kind: str, eids: Sequence[int]) -> bool:
-    """Whether a row of the evidence ``eids`` (just inserted) may share its event's identity
-    with another row of ``kind``: of these files or of any loaded before.
-
-    False means :func:`_duplicates` would find nothing in any of them, so the batch skips it;
-    a true repeat always says True. Within the batch the identities are grouped by their hash
-    (a collision says True, and the exact check runs); against what was loaded before, one semi
-    join on the identity's columns themselves, whose bounds DuckDB pushes into the scan of the
-    older rows (an engine leg's start time skips the row groups of other days). One scan of the
-    older rows for the whole batch, where the exact check takes one for each file: with hourly
-    files over weeks, the difference between rows times batches and rows times files.
-    """
-    identity = schema.IDENTITY.get(kind)
-    if not identity:
-        return False
-    cols = ", ".join(sql_ident(c) for c in identity)
-    ids = ", ".join(str(e) for e in eids)
-    batch = f"(SELECT {cols} FROM {kind} WHERE evidence_id IN ({ids}))"
-    within = scalar(
-        con, f"SELECT EXISTS (SELECT 1 FROM {batch} GROUP BY hash({cols}) HAVING count(*) > 1)"
-    )
-    return bool(within) or bool(
-        scalar(
-            con,
-            f"SELECT EXISTS (SELECT 1 FROM {kind} o SEMI JOIN {batch} n "
-            f"ON {_same('o', 'n', identity)} WHERE o.evidence_id NOT IN ({ids}))",
-        )
-    )
-
-
-def _given_flags(
-    con: duckdb.DuckDBPyConnection, flags: Sequence[tuple[int, str | None, str]], tag: str
-) -> str | None:
-    """The rows a caller flagged, as the table :func:`_duplicates` makes (None: no row)."""
-    if not flags:
-        return None
-    flagged = f"__kv_dups_{tag}"
-    rows, columns, reasons = (list(v) for v in zip(*flags, strict=True))
-    con.execute(
-        f"CREATE OR REPLACE TEMP TABLE {flagged} AS SELECT unnest(?::BIGINT[]) AS source_row, "
-        "unnest(?::VARCHAR[]) AS column_name, unnest(?::VARCHAR[]) AS reason",
-        [rows, columns, reasons],
-    )
-    return flagged
 
 
 def _replace_partial(con: duckdb.DuckDBPyConnection, label: str, kind: str, eid: int) -> list[str]:
@@ -1256,7 +1085,7 @@ def _load_batch(
             raise _LinesNeeded(short)
         # One look for the whole batch; only when it may hold a repeat does each file take
         # the exact check (which scans everything loaded before it, file after file).
-        may_repeat = _may_repeat(con, kind, eids)
+        may_repeat = repeats.may_repeat(con, kind, eids)
         results = []
         for i, (item, source, tag, eid) in enumerate(zip(batch, sources, tags, eids, strict=True)):
             staged = _Staged(

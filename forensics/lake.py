@@ -13,7 +13,7 @@ Spark reads them there:
    readers, adapters, casts and reasons, so a row is loaded or rejected alike either way. The
    task hands back the file's canonical rows, its rejects and its evidence record.
 3. Repeats of an event are judged across every file of a kind at once
-   (:func:`forensics.ingest.repeats_sql`, translated for Spark), as loading the files in
+   (:func:`forensics.repeats.repeats_sql`, translated for Spark), as loading the files in
    their order judges them; a file holding a repeat is read once more with those rows flagged,
    so each reject keeps its raw text. A file with the bytes of an earlier one is skipped.
 4. What the tasks wrote (as Parquet, into the staging folder) is the evidence tables
@@ -428,7 +428,8 @@ def read_in_place(
     tables of them, and write the small kinds and the bookkeeping into the case database
     (see the module's docstring). ``staging`` is a folder URL every executor can write and
     read. Returns the ingest's result (per file and failure, as a local ingest gives it)."""
-    from forensics.ingest import FileFailure, IngestResult, repeats_sql
+    from forensics.ingest import FileFailure, IngestResult
+    from forensics.repeats import repeats_sql
 
     session = ws.session
 

@@ -277,7 +277,7 @@ def reject_groups(con: duckdb.DuckDBPyConnection) -> list[RejectGroup]:
     ]
 
 
-# The two kinds of duplicate ingest rejects (forensics.ingest._duplicates): their reasons start
+# The two kinds of duplicate ingest rejects (forensics.repeats.flag_repeats): their reasons start
 # with these words.
 EXACT_DUPLICATE = "exact duplicate"
 CONFLICTING_DUPLICATE = "conflicting duplicate"

@@ -109,7 +109,7 @@ def test_a_kill_at_any_stage_then_a_run_gives_the_same_bytes(tmp_path, tiny_refe
 
     # Mid-file: the second file's rows are in, its repeats judged but not yet rejected, no
     # commit.
-    killed = child("forensics.ingest:_may_repeat", "after", 2, "run", str(case))
+    killed = child("forensics.repeats:may_repeat", "after", 2, "run", str(case))
     assert killed.returncode == -signal.SIGKILL
     # DuckDB's write-ahead log, left by the kill, holds evidence: private too.
     wal = case.parent / "case.duckdb.wal"

@@ -169,16 +169,16 @@ def test_a_file_whose_name_is_a_pattern_loads_itself(tmp_path, batches):
 
 def _checked(monkeypatch) -> list[int]:
     """The evidence ids the exact (file by file) repeat check ran for."""
-    import forensics.ingest as ingest
+    import forensics.repeats as repeats
 
     seen: list[int] = []
-    real = ingest._duplicates
+    real = repeats.flag_repeats
 
     def spy(con, kind, eid, *rest):
         seen.append(eid)
         return real(con, kind, eid, *rest)
 
-    monkeypatch.setattr(ingest, "_duplicates", spy)
+    monkeypatch.setattr(repeats, "flag_repeats", spy)
     return seen
 
 
@@ -219,7 +219,7 @@ def test_a_batch_that_may_repeat_checks_each_file_exactly(tmp_path, batches, mon
 
 
 def test_may_repeat_compares_the_whole_identity(tmp_path):
-    from forensics.ingest import _may_repeat
+    from forensics.repeats import may_repeat
 
     con = connect(tmp_path / "case.duckdb")
     con.execute(
@@ -230,10 +230,10 @@ def test_may_repeat_compares_the_whole_identity(tmp_path):
         "(3, 1, 'r1', 'prefill', 'p0', TIMESTAMPTZ '2026-09-01 10:00:00+00')"
     )
     # Same request, another role or another start (a retry): not a repeat.
-    assert _may_repeat(con, "engine_legs", [2]) is False
+    assert may_repeat(con, "engine_legs", [2]) is False
     # Every identity column equal to evidence 1's row: a repeat.
-    assert _may_repeat(con, "engine_legs", [3]) is True
-    assert _may_repeat(con, "engine_legs", [1, 3]) is True
+    assert may_repeat(con, "engine_legs", [3]) is True
+    assert may_repeat(con, "engine_legs", [1, 3]) is True
     # A kind with no identity has no repeats.
-    assert _may_repeat(con, "pool_snapshots", [1]) is False
+    assert may_repeat(con, "pool_snapshots", [1]) is False
     con.close()

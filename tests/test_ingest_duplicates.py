@@ -252,7 +252,7 @@ def test_repeats_across_every_file_at_once_are_the_ones_loading_in_order_finds(t
     # Read in place, each file is loaded on its own without judging repeats, and one query
     # over all of them flags what loading them one after the other rejects, with the same
     # reasons; loading each file again with those flags gives the same tables.
-    from forensics.ingest import repeats_sql
+    from forensics.repeats import repeats_sql
 
     for kind in ("requests", "engine_legs"):
         folder = tmp_path / kind
@@ -290,6 +290,6 @@ def test_repeats_across_every_file_at_once_are_the_ones_loading_in_order_finds(t
 
 
 def test_a_kind_without_identity_has_no_repeats():
-    from forensics.ingest import repeats_sql
+    from forensics.repeats import repeats_sql
 
     assert repeats_sql("tenants", "t", "f") is None
