@@ -51,6 +51,17 @@ def repeat_reason_sql(kind: str, c: str = "c", k: str = "k") -> str:
     )
 
 
+def _ranked_sql(rows: str, keys: str, identity: Sequence[str], where: str = "TRUE") -> str:
+    """SQL: the rows of ``rows`` (alias ``t`` in ``where``) whose identity is among ``keys``,
+    each ranked within its identity by evidence id, then source row (``__kv_rank``, 1 kept)."""
+    key = ", ".join(sql_ident(c) for c in identity)
+    return (
+        f"SELECT t.*, row_number() OVER (PARTITION BY {key} ORDER BY evidence_id, source_row) "
+        f"AS __kv_rank FROM {rows} t SEMI JOIN {keys} d ON {same_sql('t', 'd', identity)} "
+        f"WHERE {where}"
+    )
+
+
 def flag_repeats(
     con: duckdb.DuckDBPyConnection,
     kind: str,
@@ -96,14 +107,10 @@ def flag_repeats(
     if not repeated:
         con.execute(f"DROP TABLE {keys}")
         return None
+    ranked = _ranked_sql(kind, keys, identity, f"t.evidence_id = {eid} OR ({older('t.')})")
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE {flagged} AS
-        WITH c AS (
-          SELECT t.*, row_number() OVER (PARTITION BY {key} ORDER BY evidence_id, source_row)
-                   AS __kv_rank
-          FROM {kind} t SEMI JOIN {keys} d ON {same_sql("t", "d", identity)}
-          WHERE t.evidence_id = {eid} OR ({older("t.")})
-        ),
+        WITH c AS ({ranked}),
         k AS (SELECT * FROM c WHERE __kv_rank = 1)
         SELECT c.source_row, {sql_str(identity[0])} AS column_name,
                {repeat_reason_sql(kind)} AS reason
@@ -134,11 +141,7 @@ def repeats_sql(kind: str, rows: str, files: str) -> str | None:
         return None
     key = ", ".join(sql_ident(c) for c in identity)
     return f"""WITH keys AS (SELECT {key} FROM {rows} GROUP BY {key} HAVING count(*) > 1),
-c AS (
-  SELECT t.*, row_number() OVER (PARTITION BY {key} ORDER BY evidence_id, source_row)
-           AS __kv_rank
-  FROM {rows} t SEMI JOIN keys d ON {same_sql("t", "d", identity)}
-),
+c AS ({_ranked_sql(rows, "keys", identity)}),
 k AS (
   SELECT c.*, f.path || ':' || c.source_row AS where_kept
   FROM c JOIN {files} f ON f.evidence_id = c.evidence_id
