@@ -105,7 +105,8 @@ def statements(case: Path, top: int) -> None:
     with tempfile.TemporaryDirectory(prefix="kv-profile-") as tmp:
         copy = Path(tmp) / "case.duckdb"
         shutil.copy(loaded.database, copy)
-        con = TimedConnection(connect(copy))
+        # Under the manifest's memory limit, as `forensics detect` runs it.
+        con = TimedConnection(connect(copy, memory_limit=loaded.memory_limit))
         start = time.perf_counter()
         detect_case(con, loaded)
         wall = time.perf_counter() - start

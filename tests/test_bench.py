@@ -136,3 +136,29 @@ def test_a_cached_case_missing_a_format_gets_it_added(tmp_path):
     assert sorted(p.name for p in (folder / "parquet" / "evidence").iterdir()) == parquet
     assert (folder / "jsonl" / "case.toml").exists()
     assert any((folder / "jsonl" / "evidence").glob("requests-*.jsonl.gz"))
+
+
+def test_statement_profile_runs_under_the_manifests_memory_limit(
+    tiny_case_dir, monkeypatch, capsys
+):
+    # A profile of detection under another limit than the one `forensics detect` would use
+    # measures something no responder runs.
+    import forensics.detect
+    from forensics.case import load_case
+    from forensics.ingest import ingest_case
+
+    manifest = tiny_case_dir / "case.toml"
+    text = manifest.read_text()
+    manifest.write_text(
+        text.replace('path = "case.duckdb"', 'path = "case.duckdb"\nmemory_limit = "300MB"')
+    )
+    ingest_case(load_case(manifest))
+    seen = []
+
+    def detect_case(con, case):
+        seen.append(con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0])
+
+    monkeypatch.setattr(forensics.detect, "detect_case", detect_case)
+    _load("profile").statements(manifest, top=5)
+    assert seen == ["286.1 MiB"]  # 300 MB as DuckDB states it (the default would be 1.8 GiB)
+    assert "detect:" in capsys.readouterr().out
