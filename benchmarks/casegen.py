@@ -16,7 +16,12 @@ columns:
   few per decode rank;
 - per request its client record, its prefill and decode legs (timed by a prefill cost model),
   the rejection logged by the prefill for an over-limit prompt, 429s without legs, 500s with
-  aborted legs and tokenizer 400s for prompts past the context window.
+  aborted legs and tokenizer 400s for prompts past the context window;
+- no decode rank holds more KV than its pool: a request whose reservation would not fit waits,
+  as in SGLang's decode pre-allocation queue, and its engine work starts when pages free
+  (:func:`admit`). Without that, two prompts near the window on one rank overflowed it, which
+  no engine does, and the replay rightly called those ranks' logs incomplete (36 of 256 ranks
+  at 8M requests, 139 at 16M, all at 100M: generator version 1).
 
 A case is written once per size in two formats, Parquet (typed timestamps, zstd) and JSON
 Lines .gz (RFC 3339 strings), one file per kind and UTC day, each with its ``case.toml``.
@@ -34,7 +39,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 
 START = datetime(2026, 8, 27, tzinfo=UTC)
 DAYS = 14
@@ -242,8 +247,78 @@ def _legs(rid, room, role, node, started, finished, **cols):
     )
 
 
-def day_tables(shape: Shape, pop: Population, day: int, n: int, rng) -> tuple[dict, dict]:
-    """One UTC day of traffic: the ``requests`` and the two ``engine_legs`` tables, and counts."""
+# A request reserving at least this many tokens on its decode rank queues for room there; the
+# rest, each smaller, are held in a headroom of the pool that their peak on the rank that day
+# (plus one more of them) fits in, and never less than a quarter of the pool.
+QUEUED_TOKENS = 32_768
+
+
+def admit(rank, start, end, tokens, queues: dict):
+    """How long each request waits (us) before its decode rank has room for its reservation.
+
+    ``rank``, ``start``, ``end`` and ``tokens`` are per request (its decode rank, when it would
+    take and give back its pages, and how many tokens it reserves); ``queues`` holds each
+    rank's admitted large requests across calls (a day's requests still holding pages at
+    midnight). Requests of at least ``QUEUED_TOKENS`` are admitted in arrival order (first in,
+    first out) into what the headroom leaves; the smaller ones never wait.
+
+    >>> import numpy as np
+    >>> queues = {}
+    >>> wait = admit(np.array([0, 0, 0]), np.array([0, 10, 20]), np.array([100, 50, 30]),
+    ...              np.array([900_000, 900_000, 1_000]), queues)
+    >>> wait.tolist()  # the second waits for the first to give its pages back
+    [0, 90, 0]
+    """
+    import heapq
+
+    import numpy as np
+
+    wait = np.zeros(len(rank), dtype=np.int64)
+    small = tokens < QUEUED_TOKENS
+    # Peak of the small requests per rank: a sweep over their takes and gives (gives first at
+    # one instant), summed within each rank.
+    peak: dict[int, int] = {}
+    if small.any():
+        r, t0, t1, k = rank[small], start[small], end[small], tokens[small]
+        at = np.concatenate([t0, t1])
+        delta = np.concatenate([k, -k])
+        of = np.concatenate([r, r])
+        order = np.lexsort((delta, at, of))
+        of, delta = of[order], delta[order]
+        held = np.cumsum(delta)
+        first = np.flatnonzero(np.r_[True, of[1:] != of[:-1]])
+        base = np.r_[0, held[first[1:] - 1]]
+        held -= np.repeat(base, np.diff(np.r_[first, len(of)]))
+        peak = dict(zip(of[first].tolist(), np.maximum.reduceat(held, first).tolist(), strict=True))
+    large = np.flatnonzero(~small)
+    large = large[np.lexsort((start[large], rank[large]))]
+    for i in large.tolist():
+        key = int(rank[i])
+        heap, state = queues.setdefault(key, ([], [0, 0]))  # state: tokens held, last start
+        room = DECODE_POOL - max(DECODE_POOL // 4, peak.get(key, 0) + QUEUED_TOKENS)
+        at = max(int(start[i]), state[1])
+        while heap and heap[0][0] <= at:
+            state[0] -= heapq.heappop(heap)[1]
+        need = int(tokens[i])
+        while heap and state[0] + need > room:
+            done, freed = heapq.heappop(heap)
+            state[0] -= freed
+            at = max(at, done)
+        wait[i] = at - int(start[i])
+        heapq.heappush(heap, (int(end[i]) + wait[i], need))
+        state[0] += need
+        state[1] = at
+    return wait
+
+
+def day_tables(
+    shape: Shape, pop: Population, day: int, n: int, rng, queues: dict, decode_nodes=None
+) -> tuple[dict, dict]:
+    """One UTC day of traffic: the ``requests`` and the two ``engine_legs`` tables, and counts.
+
+    ``queues`` carries each decode rank's admitted requests from one day to the next
+    (:func:`admit`); ``decode_nodes`` (default all) are the decode nodes this part of the day
+    routes to."""
     import numpy as np
     import pyarrow as pa
 
@@ -288,7 +363,8 @@ def day_tables(shape: Shape, pop: Population, day: int, n: int, rng) -> tuple[di
     cached = cached.astype(np.int64)
 
     prefill = rng.integers(0, shape.prefill_nodes, size=n)
-    decode = rng.integers(0, shape.decode_nodes, size=n)
+    nodes = np.arange(shape.decode_nodes) if decode_nodes is None else np.asarray(decode_nodes)
+    decode = nodes[rng.integers(0, len(nodes), size=n)]
     room = rng.integers(0, 2**63 - 1, size=n, dtype=np.int64)
     dp_rank = room % shape.dp_size
     before, after = prefill_pools(shape)
@@ -329,6 +405,24 @@ def day_tables(shape: Shape, pop: Population, day: int, n: int, rng) -> tuple[di
     first_token = decode_start + prefill_done + micros(tpot_s)
     decode_end = decode_start + prefill_done + micros(tpot_s * np.maximum(completion, 1) + 5e-4)
     prefill_end = np.where(decoded, decode_start + prefill_done, prefill_start + 200)
+    # A request whose decode rank has no room for its reservation waits (admit): its engine
+    # work, and the answer after it, start that much later.
+    holds = np.flatnonzero(decoded)
+    reserve = -(-(prompt + completion + 1) // PAGE) * PAGE
+    wait = np.zeros(n, dtype=np.int64)
+    wait[holds] = admit(
+        (decode * shape.dp_size + dp_rank)[holds],
+        decode_start[holds],
+        decode_end[holds],
+        reserve[holds],
+        queues,
+    )
+    prefill_start, decode_start, prefill_end = (
+        prefill_start + wait,
+        decode_start + wait,
+        prefill_end + wait,
+    )
+    first_token, decode_end = first_token + wait, decode_end + wait
     completed = np.select(
         [decoded, outcome == PREFILL_400, outcome == RATE_LIMITED],
         [decode_end, prefill_end, received + micros(rng.uniform(0.005, 0.02, n))],
@@ -595,6 +689,7 @@ def generate(
     per_day = np.full(DAYS, requests // DAYS)
     per_day[: requests % DAYS] += 1
     totals: dict[str, int] = {}
+    queues: dict = {}  # each decode rank's admitted requests, day to day (admit)
     with ThreadPoolExecutor(max_workers=2) as pool:
         pending = []
         for name, table in (("pool_snapshots", snapshots(shape)), ("tenants", tenants_table(pop))):
@@ -609,7 +704,10 @@ def generate(
             for part, part_seed in enumerate(seeds):
                 size = n // parts + (part < n % parts)
                 rng = np.random.default_rng(part_seed)
-                tables, counts = day_tables(shape, pop, day, size, rng)
+                # Parts of a day are generated apart but run at once: each routes to its own
+                # decode nodes, so that each rank's admission sees all of its requests.
+                nodes = np.arange(part, shape.decode_nodes, parts)
+                tables, counts = day_tables(shape, pop, day, size, rng, queues, nodes)
                 for k, v in counts.items():
                     totals[k] = totals.get(k, 0) + v
                 suffix = date if parts == 1 else f"{date}-p{part + 1}"

@@ -490,12 +490,15 @@ def main(argv: list[str] | None = None) -> int:
             row["input_rows"] = sum(meta[k] for k in casegen.KINDS)
             row["input_bytes"] = meta["bytes"][fmt]
             row["planted_affected"] = meta["affected"]
+            row["generator_version"] = meta.get("generator_version", 1)
             if "peer" in row["stages"]:
                 peers[requests] = row["stages"]["peer"]
             for old in [r for r in rows if (r["requests"], r["format"]) == (requests, fmt)]:
-                # Measured again: the new figures replace the old, stages not run now stay.
+                # Measured again: the new figures replace the old, stages not run now stay,
+                # unless they were measured on another generator's case (another traffic).
                 rows.remove(old)
-                row = {**old, **row, "stages": {**old["stages"], **row["stages"]}}
+                if old.get("generator_version", 1) == row["generator_version"]:
+                    row = {**old, **row, "stages": {**old["stages"], **row["stages"]}}
             rows.append(row)
             rows.sort(key=lambda r: (r["requests"], r["format"] != "parquet"))
             growth(rows)
