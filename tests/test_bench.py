@@ -162,3 +162,27 @@ def test_statement_profile_runs_under_the_manifests_memory_limit(
     _load("profile").statements(manifest, top=5)
     assert seen == ["286.1 MiB"]  # 300 MB as DuckDB states it (the default would be 1.8 GiB)
     assert "detect:" in capsys.readouterr().out
+
+
+def test_no_decode_rank_holds_more_than_its_pool(tmp_path):
+    # One decode rank and a third of the prompts long: without the pre-allocation queue, long
+    # prompts overlap past the pool every day; an engine would make them wait.
+    import duckdb
+
+    casegen = _load("casegen")
+    shape = casegen.Shape(prefill_nodes=2, decode_nodes=1, dp_size=1, tenants=50, long_share=0.3)
+    casegen.generate(tmp_path / "case", 14 * 2_000, shape=shape, formats=("parquet",))
+    legs = tmp_path / "case" / "parquet" / "evidence"
+    held, waited = duckdb.sql(
+        f"""WITH d AS (
+              SELECT l.started_at, l.finished_at, r.received_at,
+                     ceil((l.reserved_tokens + r.completion_tokens + 1) / 64) * 64 AS tokens
+              FROM '{legs}/engine_legs-decode-*.parquet' l
+              JOIN '{legs}/requests-*.parquet' r USING (request_id)),
+            e AS (SELECT started_at AS t, tokens AS d FROM d
+                  UNION ALL SELECT finished_at, -tokens FROM d)
+            SELECT (SELECT max(h) FROM (SELECT sum(d) OVER (ORDER BY t, d) AS h FROM e)),
+                   (SELECT count(*) FROM d WHERE started_at - received_at > INTERVAL 10 SECOND)"""
+    ).fetchall()[0]
+    assert held <= casegen.DECODE_POOL
+    assert waited > 0  # some requests queued for room
