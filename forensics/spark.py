@@ -651,7 +651,7 @@ def replay_ranks(
     timeline rows), each victim's status and the rank's drift warning."""
     import pyarrow as pa
 
-    from forensics.attribution import _TIMELINE_COLUMNS, REPLAY_EVENTS_SQL
+    from forensics.attribution import _TIMELINE_COLUMNS, replay_events_sql
 
     if not ranks:
         return {}
@@ -676,7 +676,7 @@ def replay_ranks(
             WHERE t.alloc_at IS NOT NULL"""
     )
     timelines = ws.session.table("replay_timelines")
-    events = ws.sql(REPLAY_EVENTS_SQL).dataframe
+    events = ws.sql(replay_events_sql("node, dp_rank")).dataframe
     victims = {k: v for k, v in ranks.items()}
     replay = _rank_task(victims)
     found = (
