@@ -35,7 +35,7 @@ import io
 import json
 import shutil
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -294,21 +294,31 @@ def admit(rank, start, end, tokens, queues: dict):
     large = large[np.lexsort((start[large], rank[large]))]
     for i in large.tolist():
         key = int(rank[i])
-        heap, state = queues.setdefault(key, ([], [0, 0]))  # state: tokens held, last start
+        queue = queues.setdefault(key, _Queue())
         room = DECODE_POOL - max(DECODE_POOL // 4, peak.get(key, 0) + QUEUED_TOKENS)
-        at = max(int(start[i]), state[1])
-        while heap and heap[0][0] <= at:
-            state[0] -= heapq.heappop(heap)[1]
+        at = max(int(start[i]), queue.last_start)
+        while queue.holding and queue.holding[0][0] <= at:
+            queue.held -= heapq.heappop(queue.holding)[1]
         need = int(tokens[i])
-        while heap and state[0] + need > room:
-            done, freed = heapq.heappop(heap)
-            state[0] -= freed
+        while queue.holding and queue.held + need > room:
+            done, freed = heapq.heappop(queue.holding)
+            queue.held -= freed
             at = max(at, done)
         wait[i] = at - int(start[i])
-        heapq.heappush(heap, (int(end[i]) + wait[i], need))
-        state[0] += need
-        state[1] = at
+        heapq.heappush(queue.holding, (int(end[i]) + wait[i], need))
+        queue.held += need
+        queue.last_start = at
     return wait
+
+
+@dataclass
+class _Queue:
+    """One decode rank's admitted large requests: ``(end, tokens)`` of those holding pages (a
+    heap by end), their tokens in all, and when the last one started (first in, first out)."""
+
+    holding: list = field(default_factory=list)
+    held: int = 0
+    last_start: int = 0
 
 
 def day_tables(
@@ -417,12 +427,8 @@ def day_tables(
         reserve[holds],
         queues,
     )
-    prefill_start, decode_start, prefill_end = (
-        prefill_start + wait,
-        decode_start + wait,
-        prefill_end + wait,
-    )
-    first_token, decode_end = first_token + wait, decode_end + wait
+    for times in (prefill_start, decode_start, prefill_end, first_token, decode_end):
+        times += wait
     completed = np.select(
         [decoded, outcome == PREFILL_400, outcome == RATE_LIMITED],
         [decode_end, prefill_end, received + micros(rng.uniform(0.005, 0.02, n))],

@@ -516,7 +516,7 @@ _TIMELINE_COLUMNS = """request_id, tenant_id, prompt_tokens, completion_tokens, 
                        free_at, client_record"""
 
 
-def replay_events_sql(rank: str) -> str:
+def replay_events_sql(rank: tuple[str, ...]) -> str:
     """Every replayed rank's events, from ``replay_timelines`` (the ranks' timeline rows, each
     with its place ``idx`` in its rank's allocation order) and the decode pools' changes, each
     row carrying the columns ``rank`` of ``replay_timelines`` that name its rank: ``span`` on
@@ -526,23 +526,24 @@ def replay_events_sql(rank: str) -> str:
     allocations at one instant, the allocations in request-id order, which is their ``idx``
     order). Both schedulers of the replay read it.
 
-    >>> print(replay_events_sql("span").splitlines()[1])
+    >>> print(replay_events_sql(("span",)).splitlines()[1])
     WITH ranks AS (SELECT DISTINCT span, node AS pool_node FROM replay_timelines)
     """
-    of_rank = ", ".join(f"r.{column.strip()}" for column in rank.split(","))
+    of_rank = ", ".join(f"r.{column}" for column in rank)
+    key = ", ".join(rank)
     return f"""
-WITH ranks AS (SELECT DISTINCT {rank}, node AS pool_node FROM replay_timelines)
-SELECT {rank}, us, rid, kind::TINYINT AS kind, coalesce(idx, 0) AS idx,
+WITH ranks AS (SELECT DISTINCT {key}, node AS pool_node FROM replay_timelines)
+SELECT {key}, us, rid, kind::TINYINT AS kind, coalesce(idx, 0) AS idx,
        coalesce(pool_tokens, 0) AS pool_tokens, coalesce(page_size, 1) AS page_size
 FROM (
   SELECT {of_rank}, epoch_us(l.observed_at) AS us, 0 AS kind,
          NULL::VARCHAR AS rid, NULL::BIGINT AS idx, l.pool_tokens, l.page_size
   FROM decode_limits l JOIN ranks r ON r.pool_node = l.node
   UNION ALL
-  SELECT {rank}, epoch_us(alloc_at), 2, request_id, idx, NULL, NULL
+  SELECT {key}, epoch_us(alloc_at), 2, request_id, idx, NULL, NULL
   FROM replay_timelines
   UNION ALL
-  SELECT {rank}, epoch_us(free_at), 1, request_id, idx, NULL, NULL
+  SELECT {key}, epoch_us(free_at), 1, request_id, idx, NULL, NULL
   FROM replay_timelines WHERE free_at IS NOT NULL)"""
 
 
@@ -590,7 +591,7 @@ class _ReplayStreams:
         # their timeline order, which is request-id order; frees at one instant release their
         # pages together whatever their order, so ``idx`` serves for both.
         self._events = con.sql(
-            f"""SELECT kind, idx, pool_tokens, page_size FROM ({replay_events_sql("span")})
+            f"""SELECT kind, idx, pool_tokens, page_size FROM ({replay_events_sql(("span",))})
                 ORDER BY span, us, kind, idx"""
         ).to_arrow_table()
         # Where each rank's rows sit in the two tables (same order as the queries).

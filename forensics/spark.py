@@ -676,7 +676,7 @@ def replay_ranks(
             WHERE t.alloc_at IS NOT NULL"""
     )
     timelines = ws.session.table("replay_timelines")
-    events = ws.sql(replay_events_sql("node, dp_rank")).dataframe
+    events = ws.sql(replay_events_sql(("node", "dp_rank"))).dataframe
     victims = {k: v for k, v in ranks.items()}
     replay = _rank_task(victims)
     found = (
