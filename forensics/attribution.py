@@ -59,7 +59,7 @@ class TimelineRow(NamedTuple):
     completion_tokens: int
     source_table: str
     free_at: datetime | None
-    client_record: bool
+    size_known: bool  # generated tokens from the client record or the engine's count
 
 
 class Exposure(NamedTuple):
@@ -137,7 +137,7 @@ class PagePool:
         self.held: dict[Any, np.ndarray] = {}
         self.writer = np.full(pages + 1, -1, dtype=np.int64)
         self.shortfalls = 0  # allocations the replayed pool could not satisfy in full
-        self.guesses = 0  # allocations whose size was estimated (no client record)
+        self.guesses = 0  # allocations whose size was estimated (generated tokens unknown)
 
     def _merge(self) -> None:
         np = self.np
@@ -513,7 +513,7 @@ _GROUP = "node = $node AND (dp_rank = $rank OR ($rank IS NULL AND dp_rank IS NUL
 
 # One decode rank's timeline as the replay reads it: its requests in allocation order.
 _TIMELINE_COLUMNS = """request_id, tenant_id, prompt_tokens, completion_tokens, source_table,
-                       free_at, client_record"""
+                       free_at, size_known"""
 
 
 def replay_events_sql(rank: tuple[str, ...]) -> str:
@@ -662,7 +662,7 @@ def rank_arrays(timeline: Any, events: Any, victims: dict[str, Victim]) -> tuple
         column(events, "page_size", np.int64),
         column(timeline, "prompt_tokens", np.int64),
         column(timeline, "completion_tokens", np.int64),
-        pc.fill_null(timeline.column("client_record"), False)
+        pc.fill_null(timeline.column("size_known"), False)
         .combine_chunks()
         .to_numpy(zero_copy_only=False),
         pc.fill_null(is_victim, False).combine_chunks().to_numpy(zero_copy_only=False),
@@ -832,8 +832,8 @@ def _drift_warning(shortfalls: int, guesses: int) -> str | None:
     >>> print(_drift_warning(1, 0))
     1 allocation did not fit the replayed pool; the logs are incomplete or the pool was not
     empty when they begin, so sources are approximate
-    >>> _drift_warning(0, 3).split(" (")[0]
-    '3 decode legs have no client record'
+    >>> _drift_warning(0, 3).split(",")[0]
+    '3 decode legs have no client record and no count of generated tokens'
     """
     from forensics.terminal import plural
 
@@ -845,11 +845,11 @@ def _drift_warning(shortfalls: int, guesses: int) -> str | None:
             " approximate"
         )
     if guesses:
-        # Without the client record a leg's generated tokens are unknown, so its allocation
-        # size is a guess and every later allocation on the rank may be shifted.
+        # With neither the client record nor the engine's count of a leg's generated tokens,
+        # its allocation size is a guess and every later allocation on the rank may be shifted.
         warning = (
-            f"{plural(guesses, 'decode leg has', 'decode legs have')} no client record (tenant"
-            " and generated tokens unknown), so the replayed pool is approximate"
+            f"{plural(guesses, 'decode leg has', 'decode legs have')} no client record and no"
+            " count of generated tokens, so the replayed pool is approximate"
             + (f"; {warning}" if warning else "")
         )
     return warning

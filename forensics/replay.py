@@ -47,7 +47,7 @@ class RankReplay:
             fit or had a guessed size, or its own did not fit), and its stale pages whose
             writer is not in the replayed history.
         shortfalls: allocations the replayed pool could not hold in full.
-        guesses: allocations sized without a client record (generated tokens unknown).
+        guesses: allocations sized without knowing their generated tokens.
     """
 
     reads: dict[str, np.ndarray]
@@ -63,7 +63,7 @@ def replay_rank(
     page_size: np.ndarray,
     prompt_tokens: np.ndarray,
     completion_tokens: np.ndarray,
-    client_record: np.ndarray,
+    size_known: np.ndarray,
     victim: np.ndarray,
 ) -> RankReplay:
     """Replay one rank's events through its page pool.
@@ -72,7 +72,7 @@ def replay_rank(
         kind: per event, ``POOL_START``, ``FREE`` or ``ALLOC``, in engine order.
         row: per event, the timeline row freed or allocated (ignored for a pool start).
         pool_tokens, page_size: per event, the pool a ``POOL_START`` sets (else ignored).
-        prompt_tokens, completion_tokens, client_record, victim: per timeline row.
+        prompt_tokens, completion_tokens, size_known, victim: per timeline row.
 
     Events before the first pool start have no pool to replay against and are skipped.
 
@@ -81,7 +81,7 @@ def replay_rank(
     >>> out = replay_rank(kinds, np.array([0, 0, 0, 1]), np.array([8, 0, 0, 0]),
     ...                   np.array([1, 0, 0, 0]), prompt_tokens=np.array([5, 6]),
     ...                   completion_tokens=np.array([1, 1]),
-    ...                   client_record=np.array([True, True]), victim=np.array([False, True]))
+    ...                   size_known=np.array([True, True]), victim=np.array([False, True]))
     >>> {k: v.tolist() for k, v in out.reads.items()}
     {'victim': [1], 'writer': [0], 'tokens': [5]}
     """
@@ -92,7 +92,7 @@ def replay_rank(
     found: list[dict[str, np.ndarray]] = []
     states: list[dict[str, np.ndarray]] = []
     shortfalls = guesses = 0
-    rows = _Rows(prompt_tokens, completion_tokens, client_record, victim)
+    rows = _Rows(prompt_tokens, completion_tokens, size_known, victim)
     for s, begin in enumerate(starts):
         end = starts[s + 1] if s + 1 < len(starts) else len(kind)
         size = int(page_size[begin]) or 1
@@ -243,12 +243,12 @@ def serve(given, answer) -> None:
 class _Rows:
     """A rank's timeline rows as the replay needs them."""
 
-    def __init__(self, prompt_tokens, completion_tokens, client_record, victim):
+    def __init__(self, prompt_tokens, completion_tokens, size_known, victim):
         import numpy as np
 
         self.prompt = np.asarray(prompt_tokens, dtype=np.int64)
         self.completion = np.asarray(completion_tokens, dtype=np.int64)
-        self.client_record = np.asarray(client_record, dtype=np.bool_)
+        self.size_known = np.asarray(size_known, dtype=np.bool_)
         self.victim = np.asarray(victim, dtype=np.bool_)
 
 
@@ -364,9 +364,9 @@ class _Segment:
                 victims.append((int(v), unknown))
             self._write(region, members, sizes, owner, rows, writer)
             k = stop
-        self.guesses += int((~rows.client_record[owner]).sum())
+        self.guesses += int((~rows.size_known[owner]).sum())
         # Drift before an allocation: an earlier one of this pool did not fit or was a guess.
-        guessed = ~rows.client_record[owner]
+        guessed = ~rows.size_known[owner]
         earlier: np.ndarray = np.cumsum(short | guessed) - (short | guessed)
         at = np.array([v for v, _ in victims], dtype=np.int64)
         state = {

@@ -308,3 +308,33 @@ def test_an_empty_log_loads_nothing_and_says_so(tmp_path, memory_db):
         path.write_text("\r\n" * (i + 1))  # blank lines only (two files: two digests)
         result = ingest_file(memory_db, path, kind, "sglang", defaults={"role": "decode"})
         assert (result.rows_read, result.rows_loaded, result.rows_rejected) == (0, 0, 0)
+
+
+def test_decode_leg_starts_when_its_pages_were_allocated(memory_db):
+    # A decode request waits in the preallocation queue (bootstrap, then free pages) before it
+    # holds KV: the replay needs that instant, not when the request arrived.
+    result = ingest_file(
+        memory_db, FORMATS / "decode-1_0.log", "engine_legs", "sglang", defaults={"role": "decode"}
+    )
+    assert (result.rows_read, result.rows_loaded, result.rows_rejected) == (5, 5, 0)
+    started = memory_db.execute(
+        "SELECT request_id, started_at, finished_at FROM engine_legs WHERE evidence_id = ? "
+        "ORDER BY request_id",
+        [result.evidence_id],
+    ).fetchall()
+    assert started == [
+        # The end (received 14:02:00.4 + e2e 3 s) less transfer, queue and forward (900 ms);
+        # not the received time plus the queueing (14:02:01.9), nor the monotonic start=.
+        ("q1", ts("2026-09-08 14:02:02.500"), ts("2026-09-08 14:02:03.400")),
+        # No e2e latency: the queue's wall-clock entry plus bootstrap and wait (2,000.5 ms).
+        ("q2", ts("2026-09-08 14:03:02.250500"), ts("2026-09-08 14:03:04")),
+        # Neither: the received time plus the queueing (3 s).
+        ("q3", ts("2026-09-08 14:04:03"), ts("2026-09-08 14:04:05")),
+        # Durations longer than the leg (0.9 s of 0.5 s): never before it was received.
+        ("q4", ts("2026-09-08 14:05:00"), ts("2026-09-08 14:05:00.500")),
+        # No time-stats line: the received time.
+        ("q5", ts("2026-09-08 14:06:00"), ts("2026-09-08 14:06:02")),
+    ]
+    # The engine's own count of generated tokens, which sizes the allocation in the replay
+    # when no client record does.
+    assert extra(memory_db, result.evidence_id, "q1")["completion_tokens"] == 8

@@ -300,7 +300,7 @@ _TIMELINE_ROWS = """SELECT node, dp_rank,
                                                + to_seconds(-i) END AS alloc_at,
                           NULL::TIMESTAMPTZ AS free_at, node || i AS request_id, 't' AS tenant_id,
                           10 AS prompt_tokens, 0 AS completion_tokens,
-                          'engine_legs' AS source_table, true AS client_record
+                          'engine_legs' AS source_table, true AS size_known
                    FROM (VALUES ('c', 0, 9), ('a', 1, 2), ('b', NULL, 4), ('a', 0, 3),
                                 ('e', 0, 1)) v(node, dp_rank, n), range(n + 1) r(i)"""
 

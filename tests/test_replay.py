@@ -110,7 +110,7 @@ def test_a_victim_reads_the_writers_of_pages_freed_before_it():
         np.ones(6, dtype=int),
         prompt_tokens=np.array([3, 3, 7]),
         completion_tokens=np.array([0, 0, 1]),
-        client_record=np.ones(3, dtype=bool),
+        size_known=np.ones(3, dtype=bool),
         victim=np.array([False, False, True]),
     )
     assert sorted(zip(out.reads["writer"].tolist(), out.reads["tokens"].tolist(), strict=True)) == [
@@ -131,7 +131,7 @@ def test_an_ordinary_rank_reads_nothing():
         np.ones(5, int),
         prompt_tokens=np.array([3, 3]),
         completion_tokens=np.array([1, 1]),
-        client_record=np.ones(2, dtype=bool),
+        size_known=np.ones(2, dtype=bool),
         victim=np.zeros(2, dtype=bool),
     )
     assert len(out.reads["victim"]) == 0 and len(out.victims["row"]) == 0

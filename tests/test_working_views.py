@@ -203,7 +203,7 @@ def test_decode_timeline_takes_decode_legs_else_the_client_record(tmp_path):
     con.execute((files("forensics.sql") / "timeline.sql").read_text())
     rows = con.execute(
         """SELECT request_id, node, dp_rank, strftime(alloc_at, '%M:%S'),
-                  strftime(free_at, '%M:%S'), prompt_tokens, source_table, client_record
+                  strftime(free_at, '%M:%S'), prompt_tokens, source_table, size_known
            FROM decode_timeline ORDER BY ALL"""
     ).fetchall()
     assert rows == [

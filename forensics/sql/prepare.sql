@@ -115,6 +115,10 @@ SELECT coalesce(d.d.request_id, p.p.request_id) AS request_id, g.tenant_id,
                 p.p.input_tokens) AS prompt_tokens,
        NULL::BIGINT AS http_status,
        d.d.finished_at AS completed_at,
+       -- What the engine logged it generated (an SGLang decode leg's meta_info does): the
+       -- replay sizes the allocation with it when no client record says.
+       TRY_CAST(json_extract_string(d.d.extra, '$.completion_tokens') AS BIGINT)
+         AS completion_tokens,
        p.p.node AS prefill_node, d.d.node AS decode_node, d.d.dp_rank AS dp_rank,
        coalesce(d.d.bootstrap_room, p.p.bootstrap_room) AS bootstrap_room,
        -- A decode leg that finished without an error generated an answer: in PD the client

@@ -21,7 +21,9 @@ SELECT r.request_id, r.tenant_id,
        coalesce(r.completion_tokens, 0) AS completion_tokens,
        CASE WHEN l.client_request_id IS NULL THEN 'requests' ELSE 'engine_legs' END
          AS source_table,
-       r.client_record
+       -- The allocation's size is known: the generated tokens come from the client record, or
+       -- from the engine's own count when it has none.
+       r.client_record OR r.completion_tokens IS NOT NULL AS size_known
 FROM all_requests r
 LEFT JOIN decode_legs l
   ON l.client_request_id = r.request_id AND coalesce(l.reserved_tokens, r.prompt_tokens) > 0
