@@ -11,7 +11,10 @@ $(BIN)/forensics: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(BIN)/forensics
 
+# Each demo starts from a fresh case database: one left by an earlier copy of the sample would
+# hold that copy's rows beside these (conflicting duplicates, as for any edited log).
 demo: $(BIN)/forensics
+	rm -f sample_data/case.duckdb sample_data/real-formats/case.duckdb
 	$(BIN)/forensics run sample_data/case.toml --out sample_data/report
 	@echo "The same kind of case from SGLang engine logs and OTLP spans:"
 	$(BIN)/forensics run sample_data/real-formats --out sample_data/real-formats/report

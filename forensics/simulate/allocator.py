@@ -6,7 +6,8 @@ describes it:
 - pages ``1..P`` (page 0 is reserved); ``free_pages`` starts ascending, ``release_pages`` empty;
 - ``alloc(tokens)``: ``n = ceil(tokens / page_size)``; if ``n > len(free_pages)`` the freed pages
   are merged in and the list sorted ascending; if still short, the request waits in the
-  preallocation queue until enough pages are freed; it takes ``free_pages[:n]``;
+  preallocation queue until enough pages are freed (and the scheduler's next pass after that
+  free); it takes ``free_pages[:n]``;
 - ``free(pages)``: the pages are parked in ``release_pages`` until the next merge.
 
 Because the merged list is always sorted, the order in which parked pages were released never
@@ -26,6 +27,10 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import numpy as np
+
+# From a free to the allocation of a request that was waiting for those pages: one pass of the
+# decode scheduler's loop.
+ADMIT_AFTER_FREE_US = 1_000
 
 
 @dataclass
@@ -111,8 +116,10 @@ def run_rank(
             free = np.sort(np.concatenate([free[head:], *released]))
             head, released = 0, []
             while n > len(free):
-                # Pool exhausted: wait in the preallocation queue for the next free.
-                t = max(t, pending[0][0])
+                # Pool exhausted: wait in the preallocation queue for the next free. The
+                # scheduler frees a finished request's pages after its batch and serves the
+                # queue on its next pass, so the allocation comes a little after the free.
+                t = max(t, pending[0][0] + ADMIT_AFTER_FREE_US)
                 while pending and pending[0][0] <= t:
                     released.append(heapq.heappop(pending)[2])
                 free = np.sort(np.concatenate([free, *released]))

@@ -56,7 +56,8 @@ def simulate_case(
             logs only; ``otel``, ``litellm``: engine logs and that client log; see
             :mod:`forensics.simulate.formats`).
         kv_allocations: also write the allocator log (``evidence/kv_allocations.parquet``).
-        **config: any ``SimConfig`` field, e.g. ``days=3`` or ``page_size=32``.
+        **config: any ``SimConfig`` field, e.g. ``page_size=32`` or ``decode_dp_sizes=(1, 1)``
+            with ``decode_pools=(983_040, 1_245_184)``.
 
     Returns:
         Counts and the files written.
@@ -186,7 +187,8 @@ def simulate_case(
     if fmt != "canonical":
         from forensics.simulate import formats
 
-        files, evidence = formats.rewrite(out, fmt, evidence)
+        handshake = dict(zip(rid.to_list(), pl_.handshake.tolist(), strict=True))
+        files, evidence = formats.rewrite(out, fmt, evidence, handshake)
         files.append(out / "evidence" / "tenants.csv")
     case_path = out / "case.toml"
     case_path.write_text(manifest_text(cfg, seed, requests, evidence), encoding="utf-8")

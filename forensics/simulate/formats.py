@@ -4,7 +4,9 @@ The canonical evidence the simulator wrote is rewritten, field for field, as:
 
 - ``sglang``: each engine's stdout, ``evidence/sglang/<node>.log.gz`` (prefill nodes in the
   text form of ``--log-requests`` with the scheduler's rejection lines, decode nodes in its
-  JSON form with the KV-capacity lines), the tenant as a ``tenant_id`` custom label; saved
+  JSON form with the KV-capacity lines and each allocation's time-stats line: a decode
+  request is received with its prefill and allocated after the bootstrap handshake and any
+  wait for free pages), the tenant as a ``tenant_id`` custom label; saved
   ``/get_server_info`` documents at every change of a pool, ``evidence/server_info/``; and no
   client log at all (the engine-only case).
 - ``otel``: the same engine logs, and the client requests as GenAI spans in the collector's
@@ -23,6 +25,7 @@ import gzip
 import hashlib
 import io
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -93,14 +96,22 @@ def _read(out: Path) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     return reqs, legs, pools
 
 
-def rewrite(out: Path, fmt: str, evidence: list) -> tuple[list[Path], list]:
+def rewrite(
+    out: Path, fmt: str, evidence: list, bootstrap: dict[str, int] | None = None
+) -> tuple[list[Path], list]:
     """Replace the canonical evidence under ``out`` with ``fmt``'s; return the files written
-    and the manifest's [[evidence]] entries (kind, format, paths, more keys)."""
+    and the manifest's [[evidence]] entries (kind, format, paths, more keys).
+
+    ``bootstrap`` is each request's decode bootstrap handshake in microseconds (no canonical
+    file holds it): the part of its preallocation queueing that was not waiting for pages.
+    """
     reqs, legs, pools = _read(out)
     tenant = dict(zip(reqs["request_id"], reqs["tenant_id"], strict=True))
     completion = dict(zip(reqs["request_id"], reqs["completion_tokens"], strict=True))
+    received = dict(zip(reqs["request_id"], reqs["received_at"], strict=True))
     snapshots = _server_info(out, pools)
-    files = _engine_logs(out, legs, tenant, completion) + [p for p, _, _ in snapshots]
+    timing = _decode_timing(legs, received, bootstrap or {})
+    files = _engine_logs(out, legs, tenant, completion, timing) + [p for p, _, _ in snapshots]
     entries = [
         ("engine_legs", "sglang", ["evidence/sglang/prefill-*.log.gz"], {"role": "prefill"}),
         ("engine_legs", "sglang", ["evidence/sglang/decode-*.log.gz"], {"role": "decode"}),
@@ -164,8 +175,67 @@ def _prefill_lines(row: dict, tenant: str | None) -> list[tuple[int, int, str]]:
     return lines
 
 
-def _decode_lines(row: dict, tenant: str | None, completion) -> list[tuple[int, int, str]]:
+@dataclass(frozen=True)
+class DecodeTiming:
+    """When a decode leg's engine saw its request, beyond the canonical allocation instant."""
+
+    received: int  # the decode server received the request (the router sends it to both)
+    entry: int  # it entered the preallocation queue (tokenized and dispatched, as prefill)
+    bootstrap: int  # of the queueing, the handshake with prefill; the rest waited for pages
+    transferred: int  # prefill released its KV: the transfer into the allocated pages is done
+
+
+def _decode_timing(legs: pl.DataFrame, received: dict, bootstrap: dict) -> dict[str, DecodeTiming]:
+    import polars as pl
+
+    prefill = legs.filter(pl.col("role") == "prefill")
+    return {
+        rid: DecodeTiming(received.get(rid, start), start, bootstrap.get(rid, 0), end)
+        for rid, start, end in prefill.select("request_id", "started_at", "finished_at").iter_rows()
+    }
+
+
+# The engines' start: their monotonic clock counts from it (a perf counter, not a wall clock).
+_ENGINE_BOOT_US = 1_785_542_400_000_000  # 2026-08-01 00:00 UTC
+
+
+def _ms(us: int) -> str:
+    """A duration as SGLang's time-stats line prints it: milliseconds, two decimals."""
+    return f"{us / 1000:.2f}ms"
+
+
+def _round10(us: int) -> int:
+    # The line's precision: 10 microseconds.
+    return (us + 5) // 10 * 10
+
+
+def _time_stats(row: dict, output: int, t: DecodeTiming) -> str:
+    """The decode leg's ``--enable-request-time-stats-logging`` line: its queueing split into
+    the bootstrap handshake and the wait for free pages, then transfer, queue and forward up
+    to its end. ``start`` is the scheduler's monotonic clock, not a wall clock."""
     start, end = row["started_at"], row["finished_at"]
+    prealloc = _round10(start - t.entry)
+    boot = min(_round10(t.bootstrap), prealloc)
+    held = _round10(end - start)
+    transfer = min(_round10(max(t.transferred - start, 0)), held)
+    monotonic = (t.entry - _ENGINE_BOOT_US) / 1e6
+    return (
+        f"ReqTimeStats(rid={row['request_id']}, bootstrap_room={row['bootstrap_room']}, "
+        f"input_len={row['input_tokens']}, cached_input_len=0, output_len={output}, "
+        f"type=decode): prealloc_queue_duration({_ms(prealloc)}) = bootstrap({_ms(boot)}) + "
+        f"alloc_wait({_ms(prealloc - boot)}); transfer_duration={_ms(transfer)}; "
+        f"queue_duration={_ms(0)}, forward_duration={_ms(held - transfer)}, "
+        f"start={monotonic:.3f}"
+    )
+
+
+def _decode_lines(
+    row: dict, tenant: str | None, completion, timing: DecodeTiming | None
+) -> list[tuple[int, int, str]]:
+    start, end = row["started_at"], row["finished_at"]
+    # The decode server gets the request when prefill does and logs that as its received
+    # time; its pages are allocated later, after the handshake and any wait for free pages.
+    recv = timing.received if timing else start
     obj = {
         "rid": row["request_id"],
         "received_time": "@recv@",
@@ -175,18 +245,20 @@ def _decode_lines(row: dict, tenant: str | None, completion) -> list[tuple[int, 
     }
     if tenant:
         obj["custom_labels"] = {"tenant_id": tenant}
-    recv = _seconds(start)
 
     def event(at: int, name: str, **more) -> str:
         text = json.dumps(
             {"timestamp": _iso(at), "event": name, "rid": row["request_id"], "obj": obj, **more}
         )
         # Exact decimal seconds, written as JSON numbers.
-        return text.replace('"@recv@"', recv).replace('"@e2e@"', _seconds(end - start))
+        return text.replace('"@recv@"', _seconds(recv)).replace('"@e2e@"', _seconds(end - recv))
 
-    lines = [(start, 0, event(start, "request.received"))]
+    lines = [(recv, 0, event(recv, "request.received"))]
     if row["error"]:
         lines.append((start, 1, f"[{_wall(start)} TP0] {row['error']}"))
+    elif timing:
+        prefix = f"[{_wall(end)} DP{row['dp_rank']} TP0] "
+        lines.append((end, 1, prefix + _time_stats(row, completion or 0, timing)))
     meta = {
         "id": row["request_id"],
         "finish_reason": _finish(row),
@@ -200,7 +272,9 @@ def _decode_lines(row: dict, tenant: str | None, completion) -> list[tuple[int, 
     return lines
 
 
-def _engine_logs(out: Path, legs: pl.DataFrame, tenant: dict, completion: dict) -> list[Path]:
+def _engine_logs(
+    out: Path, legs: pl.DataFrame, tenant: dict, completion: dict, timing: dict
+) -> list[Path]:
     folder = out / "evidence" / "sglang"
     folder.mkdir(parents=True, exist_ok=True)
     files = []
@@ -211,7 +285,8 @@ def _engine_logs(out: Path, legs: pl.DataFrame, tenant: dict, completion: dict) 
             if row["role"] == "prefill":
                 lines += _prefill_lines(row, who)
             else:
-                lines += _decode_lines(row, who, completion.get(row["request_id"]))
+                rid = row["request_id"]
+                lines += _decode_lines(row, who, completion.get(rid), timing.get(rid))
         lines.sort()
         text = "".join(line + "\n" for _, _, line in lines)
         files.append(_gzip(folder / f"{node}.log.gz", text))
