@@ -381,3 +381,9 @@ def test_library_rejects_unknown_settings(tmp_path):
         simulate_case(tmp_path, requests=500, no_such_knob=1)
     with pytest.raises(ForensicsError, match="format 'helicone' .supported: canonical, sglang,"):
         simulate_case(tmp_path, requests=500, fmt="helicone")
+    # A shorter case must move the researcher's bursts into it, or have none.
+    with pytest.raises(ForensicsError, match="researcher's bursts .* must fall within"):
+        simulate_case(tmp_path, requests=500, days=3)
+    folder = tmp_path / "short"
+    simulate_case(folder, requests=500, days=3, researcher_bursts=0)
+    assert "2026-08-30T00:00:00Z" in (folder / "case.toml").read_text()

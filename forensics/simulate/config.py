@@ -114,6 +114,15 @@ class SimConfig:
             raise ForensicsError("simulate: page_size must be positive")
         if self.days <= 0:
             raise ForensicsError("simulate: days must be positive")
+        # The researcher's bursts have dates of their own; outside the case's window they would
+        # be truth the manifest's incident window leaves out.
+        if self.researcher_bursts and not (
+            self.start <= self.researcher_start < self.researcher_end <= self.end
+        ):
+            raise ForensicsError(
+                "simulate: the researcher's bursts (researcher_start to researcher_end) must "
+                "fall within the simulated days (start to start + days)"
+            )
         if self.tenants < 3:
             raise ForensicsError("simulate: tenants must be at least 3")
         for name in ("agentic_share", "longctx_share", "long_context_fraction"):
