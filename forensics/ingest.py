@@ -79,7 +79,9 @@ class FileResult:
     ``outcome`` is ``loaded`` (every row read) or ``partial`` (a damaged compressed file: the
     rows before the damage were read; ``problem`` says what was lost, ``rows_lost`` how many
     rows, None when unknown). ``replaced`` lists the sha256 of earlier partial loads of the same
-    path that this complete load replaced. ``duplicates`` and ``conflicts`` count the rejected
+    path that this complete load replaced; ``earlier`` the sha256 of other contents of the same
+    path loaded before and still in the case (an edited or regenerated file: both versions are
+    now in it). ``duplicates`` and ``conflicts`` count the rejected
     rows that repeat an event already loaded, with the same content (overlapping files) or a
     different one (see ``schema.IDENTITY``).
     """
@@ -100,6 +102,7 @@ class FileResult:
     problem: str | None = None
     rows_lost: int | None = 0
     replaced: list[str] = field(default_factory=list)
+    earlier: list[str] = field(default_factory=list)
     duplicates: int = 0
     conflicts: int = 0
 
@@ -698,6 +701,14 @@ def _finish(
         ],
     )
     replaced = _replace_partial(con, label, kind, eid) if outcome == "loaded" else []
+    earlier = [
+        r[0]
+        for r in con.execute(
+            "SELECT sha256 FROM evidence WHERE path = ? AND kind = ? AND evidence_id <> ? "
+            "ORDER BY evidence_id",
+            [label, kind, eid],
+        ).fetchall()
+    ]
     return FileResult(
         label,
         sha,
@@ -715,6 +726,7 @@ def _finish(
         problem=source.problem,
         rows_lost=rows_lost,
         replaced=replaced,
+        earlier=earlier,
         duplicates=duplicates,
         conflicts=conflicts,
     )

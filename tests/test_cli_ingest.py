@@ -166,3 +166,34 @@ def test_ingest_case_exits_1_naming_each_piece_of_evidence_that_did_not_load_who
     assert "no file matches this pattern ([[evidence]] #5, kind kv_allocations)" in status.output
     assert "line cut by the damage" in status.output
     assert "The evidence is incomplete: 2 of the files and patterns above" in status.output
+
+
+def test_a_file_loaded_again_with_other_content_says_both_versions_are_in_the_case(tmp_path):
+    db = tmp_path / "case.duckdb"
+    data = _jsonl(tmp_path / "r.jsonl", [5, 6])
+    first = runner.invoke(app, ["ingest", str(db), str(data), "--kind", "requests"])
+    assert first.exit_code == 0 and "loaded before" not in first.output
+    # Regenerated in place: one request told differently, one new.
+    _jsonl(data, [5, 9, 7])
+    again = runner.invoke(app, ["ingest", str(db), str(data), "--kind", "requests"])
+    assert again.exit_code == 0, again.output
+    text = " ".join(again.output.split())
+    assert "rows read 3, loaded 1, rejected 2" in text
+    assert "r.jsonl: loaded before with other content (sha256 " in text and "warning: " in text
+    assert "If the file was replaced rather than extended, load the evidence into a new case" in (
+        text
+    )
+    # The same content again is skipped as before, with no warning.
+    same = runner.invoke(app, ["ingest", str(db), str(data), "--kind", "requests"])
+    assert "already loaded" in same.output and "loaded before" not in same.output
+
+
+def test_run_on_a_case_whose_file_changed_warns_before_detection(tiny_case_dir):
+    first = runner.invoke(app, ["run", str(tiny_case_dir), "--out", str(tiny_case_dir / "a")])
+    assert first.exit_code == 0, first.output
+    legs = tiny_case_dir / "engine_legs.jsonl"
+    legs.write_text(legs.read_text().replace('"finish_type": "stop"', '"finish_type": "length"', 1))
+    again = runner.invoke(app, ["run", str(tiny_case_dir), "--out", str(tiny_case_dir / "b")])
+    text = " ".join(again.output.split())
+    assert "warning: engine_legs.jsonl: loaded before with other content (sha256 " in text
+    assert text.index("loaded before") < text.index("Detection:")

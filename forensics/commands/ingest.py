@@ -185,6 +185,19 @@ def _ingest(
         raise typer.Exit(1)
 
 
+def version_lines(result: IngestResult) -> list[str]:
+    """One line per file loaded now whose path already held other content in the case."""
+    return [
+        f"{f.path}: loaded before with other content (sha256 {sha[:12]}); both versions are "
+        "in the case now: an event both tell alike counts once, one told differently is "
+        "rejected as a conflicting duplicate, or kept twice if its time changed. If the file "
+        "was replaced rather than extended, load the evidence into a new case database."
+        for f in result.files
+        if not f.skipped
+        for sha in f.earlier
+    ]
+
+
 def _summary(console: Console, result: IngestResult, where: Path, case_mode: bool) -> None:
     from forensics.terminal import Col, Grid, plural, shown, styled
 
@@ -249,6 +262,8 @@ def _summary(console: Console, result: IngestResult, where: Path, case_mode: boo
             console.print(
                 f"{f.path}: loaded whole; replaces its earlier partial load (sha256 {sha[:12]})"
             )
+    for line in version_lines(result):
+        console.print(styled(("warning: ", "yellow"), line))
     if result.rows_rejected:
         if case_mode:
             console.print("Rejected rows are in the rejects table: see `forensics status`.")

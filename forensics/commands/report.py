@@ -252,6 +252,9 @@ def run(
         done = run_case(case, out, as_of=when, on_file=steps.file, progress=steps.step)
     console = make_console()
     console.print(f"Ingest: {ingest_line(done.ingested)}")
+    from forensics.commands.ingest import version_lines
+
+    _print_warnings(console, version_lines(done.ingested))
     if done.ingested.rows_rejected:
         console.print("Rejected rows are in the rejects table: see `forensics status`.")
     console.print(f"Detection: {detect_line(done.detected)}")
