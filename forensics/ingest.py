@@ -701,14 +701,7 @@ def _finish(
         ],
     )
     replaced = _replace_partial(con, label, kind, eid) if outcome == "loaded" else []
-    earlier = [
-        r[0]
-        for r in con.execute(
-            "SELECT sha256 FROM evidence WHERE path = ? AND kind = ? AND evidence_id <> ? "
-            "ORDER BY evidence_id",
-            [label, kind, eid],
-        ).fetchall()
-    ]
+    earlier = [sha for _, sha in _other_loads(con, label, kind, eid)]
     return FileResult(
         label,
         sha,
@@ -732,16 +725,22 @@ def _finish(
     )
 
 
+def _other_loads(
+    con: duckdb.DuckDBPyConnection, label: str, kind: str, eid: int, partial: bool = False
+) -> list[tuple[int, str]]:
+    """The evidence id and sha256 of the other loads of the path ``label`` (only its partial
+    loads with ``partial``), oldest first."""
+    only = "AND outcome = 'partial' " if partial else ""
+    return con.execute(
+        "SELECT evidence_id, sha256 FROM evidence WHERE path = ? AND kind = ? "
+        f"{only}AND evidence_id <> ? ORDER BY evidence_id",
+        [label, kind, eid],
+    ).fetchall()
+
+
 def _partial_loads(con: duckdb.DuckDBPyConnection, label: str, kind: str, eid: int) -> list[int]:
     """The evidence ids of earlier partial loads of the path ``label``."""
-    return [
-        r[0]
-        for r in con.execute(
-            "SELECT evidence_id FROM evidence WHERE path = ? AND kind = ? "
-            "AND outcome = 'partial' AND evidence_id <> ? ORDER BY evidence_id",
-            [label, kind, eid],
-        ).fetchall()
-    ]
+    return [old_id for old_id, _ in _other_loads(con, label, kind, eid, partial=True)]
 
 
 def _replace_partial(con: duckdb.DuckDBPyConnection, label: str, kind: str, eid: int) -> list[str]:
@@ -751,11 +750,7 @@ def _replace_partial(con: duckdb.DuckDBPyConnection, label: str, kind: str, eid:
     loaded, keeping both would count those rows twice and keep reporting a loss that has been
     repaired. Returns the sha256 of each load dropped.
     """
-    old = con.execute(
-        "SELECT evidence_id, sha256 FROM evidence WHERE path = ? AND kind = ? "
-        "AND outcome = 'partial' AND evidence_id <> ? ORDER BY evidence_id",
-        [label, kind, eid],
-    ).fetchall()
+    old = _other_loads(con, label, kind, eid, partial=True)
     for old_id, _ in old:
         con.execute(f"DELETE FROM {kind} WHERE evidence_id = ?", [old_id])
         con.execute("DELETE FROM rejects WHERE evidence_id = ?", [old_id])
