@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from typer.testing import CliRunner
 
 from forensics.case import load_case
+from forensics.cli import app
 from forensics.db import connect
 from forensics.detect import detect_case
 from forensics.evaluate import evaluate
@@ -108,6 +110,12 @@ def test_decode_requests_that_waited_for_pages_replay_from_engine_logs_as_from_c
     # scheduler pass, microseconds apart, can swap, and then the pages after them.
     differ = canonical["exposures"] ^ engine["exposures"]
     assert len(differ) <= 0.01 * len(canonical["exposures"])
+    # explain shows the engine's timing line that puts a decode leg's start after its wait.
+    request_id = min(r for r, _, verdict, _ in engine["affected"] if verdict == "confirmed")
+    assert CliRunner().invoke(app, ["detect", str(tmp_path / "sglang")]).exit_code == 0
+    shown = CliRunner().invoke(app, ["explain", str(tmp_path / "sglang"), request_id])
+    assert shown.exit_code == 0, shown.output
+    assert "    stage timings: prealloc_queue_duration(" in shown.output
 
 
 def test_a_real_format_case_is_the_same_bytes_for_the_same_seed(tmp_path):

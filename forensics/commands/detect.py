@@ -188,6 +188,22 @@ def _legs(console: Console, e: Explanation) -> None:
         )
         if leg.get("error"):
             console.print(f"    error: {leg['error']}")
+        timings = _stage_timings(leg.get("extra"))
+        if timings:
+            # A decode leg's start is when its pages were allocated, which this line explains.
+            console.print(f"    stage timings: {timings}")
+
+
+def _stage_timings(extra: Any) -> str | None:
+    """The engine's own stage-timing line of a leg, as its adapter kept it in ``extra``."""
+    import json
+
+    if isinstance(extra, str):
+        try:
+            extra = json.loads(extra)
+        except ValueError:
+            return None
+    return extra.get("time_stats") if isinstance(extra, dict) else None
 
 
 def _limit(console: Console, e: Explanation) -> None:
