@@ -59,4 +59,14 @@ def error_line(exc: Exception) -> str:
         raised = [line for line in text if re.match(r"^[\w.]+(Error|Exception)\b.*:", line)]
         if raised:
             return f"Python error in a Spark task: {raised[-1]}"
+    if text[0].startswith("An error occurred while calling"):
+        # A JVM exception PySpark does not translate (a job aborted for the driver's result
+        # size or memory, say): its first line names only the Py4J call that failed. The
+        # innermost cause says why; the Java package adds nothing to it.
+        causes = [
+            line[len("Caused by:") :].strip() for line in text if line.startswith("Caused by:")
+        ]
+        thrown = [line.lstrip(": ").strip() for line in text[1:2] if not line.startswith("at ")]
+        reason = (causes or thrown or text)[-1]
+        return re.sub(r"^(?:[a-z_$][\w$]*\.)+(?=[A-Z])", "", reason)
     return text[0]

@@ -332,6 +332,35 @@ def test_a_failed_task_is_one_line_naming_its_cause(spark):
     assert message.endswith("(in: the allocator replay)") and "\n" not in message
 
 
+def test_a_job_the_driver_refuses_is_one_line_naming_why():
+    """A job Spark aborts on the JVM side (here: results over spark.driver.maxResultSize)
+    arrives as a Py4J error whose first line names only the call ("An error occurred while
+    calling o56.getResult."); the line shown is the cause. (Its own process: the limit is set
+    when Spark starts.)"""
+    import subprocess
+    import sys
+
+    script = (
+        "from forensics.spark import start_session\n"
+        "from forensics.sparkerrors import SparkError, to_arrow\n"
+        "spark = start_session('local[1]', {'spark.driver.maxResultSize': '1k'})\n"
+        "try:\n"
+        "    to_arrow(spark.range(0, 100000, numPartitions=2), 'copying findings_exposures back')\n"
+        "except SparkError as exc:\n"
+        "    print(exc)\n"
+    )
+    env = dict(os.environ)
+    env.pop("PYSPARK_SUBMIT_ARGS", None)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("SparkException: Job aborted due to stage failure: "), done.stdout
+    assert "is bigger than spark.driver.maxResultSize (1024.0 B)" in done.stdout
+    assert done.stdout.endswith(" (in: copying findings_exposures back)\n")
+    assert done.stdout.count("\n") == 1
+
+
 # --- evidence read where it lies (forensics.lake) -------------------------------------------
 
 
