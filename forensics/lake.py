@@ -734,8 +734,10 @@ def _write_case_database(
     """Replace the case database's evidence with what was read in place: the small kinds'
     rows, every file's evidence row, every reject, the failures, and ``evidence_in_place``.
     Returns a line for each file whose bytes differ from the previous read of its path."""
+    import pyarrow as pa
+
     from forensics.ingest import clear_evidence, record_failures
-    from forensics.sparkerrors import to_arrow
+    from forensics.sparkerrors import arrow_pieces, to_arrow
 
     before = dict(con.execute("SELECT path, sha256 FROM evidence").fetchall())
     by_order = {f.order: f for f in files}
@@ -767,9 +769,13 @@ def _write_case_database(
             )
         labels = {order: by_order[order].label for order in kept}
         for kind, frame in rejects.items():
-            table = to_arrow(
-                frame.select("evidence_id", "source_row", "__kv_column", "__kv_reason", "__kv_raw"),
-                f"copying the rejects of {kind}",
+            table = pa.concat_tables(
+                arrow_pieces(
+                    frame.select(
+                        "evidence_id", "source_row", "__kv_column", "__kv_reason", "__kv_raw"
+                    ),
+                    f"copying the rejects of {kind}",
+                )
             )
             if not table.num_rows:
                 continue
@@ -837,9 +843,10 @@ def copy_extract(ws: Any, con: duckdb.DuckDBPyConnection) -> dict[str, int]:
     The database then holds those rows only; ``evidence_in_place`` still says how many lie
     where they were read, and detection still refuses to run on what is here.
     """
+    import pyarrow as pa
     from pyspark.sql import functions as F
 
-    from forensics.sparkerrors import to_arrow
+    from forensics.sparkerrors import arrow_pieces
 
     session = ws.session
     named = (
@@ -870,7 +877,8 @@ def copy_extract(ws: Any, con: duckdb.DuckDBPyConnection) -> dict[str, int]:
     try:
         for kind, frame in (("requests", requests), ("engine_legs", legs.distinct())):
             columns = [name for name, _ in table_columns(kind)]
-            table = to_arrow(frame.select(*columns), f"copying the {kind} behind the findings")
+            what = f"copying the {kind} behind the findings"
+            table = pa.concat_tables(arrow_pieces(frame.select(*columns), what))
             con.execute(f"DELETE FROM {kind}")
             con.register("__lake_extract", table)
             names = ", ".join(f'"{c}"' for c in columns)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from forensics.dialect import ROWID, Macro, UntranslatableSQL, parse_macros, spark_tree
-from forensics.sparkerrors import SparkError, first_line, to_arrow
+from forensics.sparkerrors import SparkError, arrow_pieces, first_line, one_line_failures, to_arrow
 from forensics.sparkerrors import error_line as _error_line
 
 if TYPE_CHECKING:
@@ -401,12 +401,14 @@ class SparkWorkspace:
     def copy_findings(self, con: duckdb.DuckDBPyConnection, names: list[str]) -> None:
         """Replace the case database's findings tables with the workspace's."""
         for name in names:
-            table = to_arrow(self.session.table(name), f"copying {name} back")
-            con.register("__spark_findings", table)
-            columns = ", ".join(f'"{c}"' for c in table.column_names)
             con.execute(f"DELETE FROM {name}")  # noqa: S608 - fixed names
-            con.execute(f"INSERT INTO {name} ({columns}) SELECT * FROM __spark_findings")  # noqa: S608
-            con.unregister("__spark_findings")
+            # In pieces: 786,029 exposures at 16M requests, taken whole, were one task result
+            # that a local driver's 1 GB heap lost.
+            for table in arrow_pieces(self.session.table(name), f"copying {name} back"):
+                con.register("__spark_findings", table)
+                columns = ", ".join(f'"{c}"' for c in table.column_names)
+                con.execute(f"INSERT INTO {name} ({columns}) SELECT * FROM __spark_findings")  # noqa: S608
+                con.unregister("__spark_findings")
 
     # --- statements -------------------------------------------------------------------------
 
@@ -577,13 +579,9 @@ class SparkWorkspace:
         self._replace(name, self._query(query, values), materialise=True)
 
     def _replace(self, name: str, df: DataFrame, *, materialise: bool) -> None:
-        from pyspark.errors import PySparkException
-
         if materialise:
-            try:
+            with one_line_failures(f"building {name}"):
                 df = df.localCheckpoint(eager=True)
-            except PySparkException as exc:
-                raise SparkError(f"{_error_line(exc)} (building {name})") from None
         df.createOrReplaceTempView(name)
         self.tables.add(name)
 

@@ -66,7 +66,10 @@ def _run(case: Path, out: Path, *engine: str) -> None:
     ],
     ids=["every-kind", "engine-logs-only"],
 )
-def test_spark_writes_the_outputs_duckdb_writes(spark, tmp_path, simulated):
+def test_spark_writes_the_outputs_duckdb_writes(spark, tmp_path, simulated, monkeypatch):
+    # Findings come back in pieces of 40 rows here (100,000 in use), so every large table is
+    # copied in several: the outputs do not depend on how it was cut.
+    monkeypatch.setattr("forensics.sparkerrors.PIECE_ROWS", 40)
     fmt, *extra = simulated
     case = _simulate(tmp_path / "case", "--requests", "3000", "--format", fmt, *extra)
     _run(case, tmp_path / "duckdb")
@@ -332,6 +335,27 @@ def test_a_failed_task_is_one_line_naming_its_cause(spark):
     assert message.endswith("(in: the allocator replay)") and "\n" not in message
 
 
+def test_a_large_result_comes_back_whole_in_bounded_pieces(spark):
+    """Every row once, repeated rows and NULLs included, in pieces of about the size asked
+    (one Spark job each), whatever the frame's partitions."""
+    from collections import Counter
+
+    from forensics.sparkerrors import arrow_pieces
+
+    frame = spark.range(0, 1000, numPartitions=1).selectExpr(
+        "id % 900 AS n",  # ids 900-999 repeat rows 0-99
+        "IF(id % 7 = 0, NULL, concat('tenant-', id % 13)) AS tenant",
+    )
+    pieces = list(arrow_pieces(frame, "copying a test table back", rows=64))
+    assert len(pieces) == 16  # ceil(1000 / 64)
+    assert max(p.num_rows for p in pieces) < 2 * 64
+    got = Counter(tuple(row.values()) for p in pieces for row in p.to_pylist())
+    want = Counter(tuple(r) for r in frame.collect())
+    assert got == want and sum(got.values()) == 1000
+    # Few rows: one piece, as one job.
+    assert [p.num_rows for p in arrow_pieces(spark.range(5), "a small table")] == [5]
+
+
 def test_a_job_the_driver_refuses_is_one_line_naming_why():
     """A job Spark aborts on the JVM side (here: results over spark.driver.maxResultSize)
     arrives as a Py4J error whose first line names only the call ("An error occurred while
@@ -445,11 +469,13 @@ def _bookkeeping(database: Path) -> dict[str, list]:
         con.close()
 
 
-def test_evidence_read_in_place_gives_what_loading_it_gives(spark, tmp_path):
+def test_evidence_read_in_place_gives_what_loading_it_gives(spark, tmp_path, monkeypatch):
     # The same files, loaded into the case database and detected there, or read where they
     # lie by Spark's tasks: the same files, rows, rejects and failures recorded, the same
-    # report.
+    # report. (Rejects, findings and the rows behind them come back in pieces of 40 rows.)
     import duckdb
+
+    monkeypatch.setattr("forensics.sparkerrors.PIECE_ROWS", 40)
 
     case = _simulate(tmp_path / "case", "--requests", "3000", "--kv-allocations")
     _hard_evidence(case)
