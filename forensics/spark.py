@@ -88,8 +88,8 @@ def detect_on_spark(
 
     The evidence tables go to Spark as Parquet in the staging folder; the detection code is
     the same (``detect_case`` driving a :class:`SparkWorkspace`), so is every statement, only
-    translated; the findings come back whole. Scoping and the report then read the case
-    database as after a DuckDB detection.
+    translated; the findings come back in pieces (``arrow_pieces``). Scoping and the report
+    then read the case database as after a DuckDB detection.
     """
     import importlib.util
 
