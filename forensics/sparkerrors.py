@@ -32,7 +32,21 @@ def one_line_failures(what: str) -> Iterator[None]:
             exc
         ):
             raise
-        raise SparkError(f"{error_line(exc)} (in: {first_line(what)})") from None
+        line = error_line(exc)
+        raise SparkError(f"{line} (in: {first_line(what)}){_driver_hint(line)}") from None
+
+
+def _driver_hint(line: str) -> str:
+    """What to change when the driver ran short: the setting, and the flag that sets it (the
+    driver's settings are read when Spark starts, so a rerun takes them)."""
+    if "spark.driver.maxResultSize" in line:
+        return "; raise it with --spark-conf spark.driver.maxResultSize=4g"
+    if "OutOfMemoryError" in line or "TaskResultLost" in line:
+        return (
+            "; the driver (in local mode, every task too) ran short of memory: give it more "
+            "with --spark-conf spark.driver.memory=4g"
+        )
+    return ""
 
 
 def to_arrow(df: DataFrame, what: str) -> pa.Table:

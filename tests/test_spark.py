@@ -335,6 +335,38 @@ def test_a_failed_task_is_one_line_naming_its_cause(spark):
     assert message.endswith("(in: the allocator replay)") and "\n" not in message
 
 
+def test_a_driver_short_of_memory_says_which_setting_to_raise():
+    """The 16M failure as Py4J gave it: the line is its cause, and the flag that helps."""
+    from forensics.sparkerrors import SparkError, one_line_failures
+
+    class Py4JJavaError(Exception):  # the name is what marks a JVM error
+        pass
+
+    trace = (
+        "An error occurred while calling o16248.getResult.\n"
+        ": org.apache.spark.SparkException: Exception thrown in awaitResult: \n"
+        "\tat org.apache.spark.util.SparkThreadUtils$.awaitResult(SparkThreadUtils.scala:70)\n"
+        "Caused by: org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 "
+        "in stage 645.0 failed 1 times, most recent failure: Lost task 0.0 in stage 645.0 "
+        "(TID 2556) (192.0.2.2 executor driver): TaskResultLost (result lost from block "
+        "manager)\n"
+        "\tat org.apache.spark.scheduler.DAGScheduler.failJobAndIndependentStages(x.scala:1)\n"
+    )
+    with pytest.raises(SparkError) as err, one_line_failures("copying findings_exposures back"):
+        raise Py4JJavaError(trace)
+    assert str(err.value) == (
+        "SparkException: Job aborted due to stage failure: Task 0 in stage 645.0 failed 1 "
+        "times, most recent failure: Lost task 0.0 in stage 645.0 (TID 2556) (192.0.2.2 "
+        "executor driver): TaskResultLost (result lost from block manager) (in: copying "
+        "findings_exposures back); the driver (in local mode, every task too) ran short of "
+        "memory: give it more with --spark-conf spark.driver.memory=4g"
+    )
+    # Other failures get no such advice.
+    with pytest.raises(SparkError) as err, one_line_failures("SELECT 1"):
+        raise Py4JJavaError("An error occurred while calling o7.sql.\n: java.io.IOException: gone")
+    assert str(err.value) == "IOException: gone (in: SELECT 1)"
+
+
 def test_a_large_result_comes_back_whole_in_bounded_pieces(spark):
     """Every row once, repeated rows and NULLs included, in pieces of about the size asked
     (one Spark job each), whatever the frame's partitions."""
@@ -381,7 +413,10 @@ def test_a_job_the_driver_refuses_is_one_line_naming_why():
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("SparkException: Job aborted due to stage failure: "), done.stdout
     assert "is bigger than spark.driver.maxResultSize (1024.0 B)" in done.stdout
-    assert done.stdout.endswith(" (in: copying findings_exposures back)\n")
+    assert done.stdout.endswith(
+        " (in: copying findings_exposures back); raise it with --spark-conf "
+        "spark.driver.maxResultSize=4g\n"
+    )
     assert done.stdout.count("\n") == 1
 
 
