@@ -302,6 +302,31 @@ def test_a_damaged_compressed_log_loads_the_lines_before_the_damage(tmp_path, me
     assert result.rows_read == result.rows_loaded + result.rows_rejected
 
 
+def test_unified_leg_starts_when_a_batch_took_it_in(memory_db):
+    # Without disaggregation a request waits in the scheduler's queue and gets its KV pages
+    # when a batch takes it in; the forward runs from there to the end.
+    result = ingest_file(
+        memory_db, FORMATS / "unified-0.log", "engine_legs", "sglang", defaults={"role": "unified"}
+    )
+    assert (result.rows_read, result.rows_loaded, result.rows_rejected) == (4, 4, 0)
+    started = memory_db.execute(
+        "SELECT request_id, role, started_at, finished_at FROM engine_legs "
+        "WHERE evidence_id = ? ORDER BY request_id",
+        [result.evidence_id],
+    ).fetchall()
+    assert started == [
+        # The end (received 10:00:00 + e2e 5 s) less the forward (2.9 s); not the queue's
+        # entry plus the queueing (10:00:02.05), nor the received time plus it (10:00:02).
+        ("u1", "unified", ts("2026-09-08 10:00:02.100"), ts("2026-09-08 10:00:05")),
+        # No e2e latency: the queue's wall-clock entry plus the queueing (1.5 s).
+        ("u2", "unified", ts("2026-09-08 10:01:01.750"), ts("2026-09-08 10:01:04")),
+        # An older release (monotonic start_time) and no e2e: received plus the queueing.
+        ("u3", "unified", ts("2026-09-08 10:02:03"), ts("2026-09-08 10:02:04")),
+        # No time-stats line: the received time.
+        ("u4", "unified", ts("2026-09-08 10:03:00"), ts("2026-09-08 10:03:02")),
+    ]
+
+
 def test_an_empty_log_loads_nothing_and_says_so(tmp_path, memory_db):
     for i, kind in enumerate(("engine_legs", "pool_snapshots")):
         path = tmp_path / f"decode-{i}.log"

@@ -377,7 +377,7 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
         "request_id": "rid",
         "role": "role",
         "node": node_sql,
-        "started_at": f"coalesce({_decode_allocated()}, recv, first_at)",
+        "started_at": f"coalesce({_kv_allocated()}, recv, first_at)",
         "finished_at": finished,
         "input_tokens": "coalesce(prompt, cap_prompt)",
         # Decode preallocates KV for the whole prompt before the transfer; a capacity
@@ -418,7 +418,8 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
 # alloc_wait(Z); transfer_duration=...; queue_duration=..., forward_duration=..., start=T``
 # (``start`` on the scheduler's monotonic clock), or ``bootstrap_duration=Y, alloc_wait_duration=
 # Z, transfer_duration=..., ..., entry_time=E`` (``E`` a wall clock), or
-# ``prealloc_queue_duration=X, ...``.
+# ``prealloc_queue_duration=X, ...``. A unified one: ``queue_duration=..., forward_duration=...,
+# entry_time=E`` (older: ``start_time=T``, monotonic).
 _STATS_MS = {
     "prealloc": r"prealloc_queue_duration[(=]([0-9.]+)ms",
     "bootstrap": r"(?:^|[ ;,])bootstrap_duration=([0-9.]+)ms",
@@ -430,32 +431,42 @@ _STATS_MS = {
 _STATS_ENTRY = r"(?:^|[ ;,])entry_time=([0-9.]+)"
 
 
-def _decode_allocated() -> str:
-    """SQL of when a decode leg's KV pages were allocated, in epoch seconds, from its
-    time-stats line (NULL without one): the moment the replay needs, not when the request
-    arrived. The request first waits in the preallocation queue (the bootstrap handshake, then
-    for free pages: seconds when the pool is full); everything after the allocation, transfer,
-    queue and forward, runs to the end.
+def _kv_allocated() -> str:
+    """SQL of when a decode or unified leg's KV pages were allocated, in epoch seconds, from
+    its time-stats line (NULL without one): the moment the replay needs, not when the request
+    arrived.
+
+    A decode request first waits in the preallocation queue (the bootstrap handshake, then for
+    free pages: seconds when the pool is full); everything after the allocation, transfer,
+    queue and forward, runs to the end. A unified request waits in the scheduler's queue and is
+    given its pages when a batch takes it in; the forward runs from there to the end.
 
     In order of trust: the leg's end (its received time plus e2e latency, to the microsecond)
     less what followed the allocation, to 10 microseconds: the replay frees the leg's pages at
     that same end, so allocations and frees keep their order; the queue's wall-clock entry,
     logged to the millisecond, plus the queueing; its received time plus the queueing, which
-    is early by the decode server's tokenizing and dispatch (a long prompt's can take a
-    second). Kept within the leg's span.
+    is early by the server's tokenizing and dispatch (a long prompt's can take a second). Kept
+    within the leg's span.
     """
 
     def sec(name: str) -> str:
         return f"(TRY_CAST({_re('stats', _STATS_MS[name])} AS DECIMAL(18, 6)) * 0.001)"
 
-    queued = f"coalesce({sec('prealloc')}, {sec('bootstrap')} + {sec('alloc_wait')})"
-    after = f"{sec('transfer')} + {sec('queue')} + {sec('forward')}"
+    decode = "role = 'decode'"
+    queued = (
+        f"CASE WHEN {decode} THEN coalesce({sec('prealloc')}, {sec('bootstrap')} + "
+        f"{sec('alloc_wait')}) ELSE {sec('queue')} END"
+    )
+    after = (
+        f"CASE WHEN {decode} THEN {sec('transfer')} + {sec('queue')} + {sec('forward')} "
+        f"ELSE {sec('forward')} END"
+    )
     recv = "TRY_CAST(recv AS DECIMAL(20, 6))"
     end = f"coalesce(TRY_CAST(done AS DECIMAL(20, 6)), {recv} + TRY_CAST(e2e AS DECIMAL(20, 6)))"
     entry = f"TRY_CAST({_re('stats', _STATS_ENTRY)} AS DECIMAL(20, 6))"
-    at = f"coalesce({end} - ({after}), {entry} + {queued}, {recv} + {queued})"
+    at = f"coalesce({end} - ({after}), {entry} + ({queued}), {recv} + ({queued}))"
     return (
-        f"CASE WHEN role = 'decode' AND stats IS NOT NULL "
+        f"CASE WHEN role IN ('decode', 'unified') AND stats IS NOT NULL "
         f"THEN CAST(CAST(least(greatest({at}, {recv}), {end}) AS DECIMAL(20, 6)) AS VARCHAR) END"
     )
 
