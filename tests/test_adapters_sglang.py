@@ -302,18 +302,23 @@ def test_a_damaged_compressed_log_loads_the_lines_before_the_damage(tmp_path, me
     assert result.rows_read == result.rows_loaded + result.rows_rejected
 
 
-def test_unified_leg_starts_when_a_batch_took_it_in(memory_db):
-    # Without disaggregation a request waits in the scheduler's queue and gets its KV pages
-    # when a batch takes it in; the forward runs from there to the end.
-    result = ingest_file(
-        memory_db, FORMATS / "unified-0.log", "engine_legs", "sglang", defaults={"role": "unified"}
-    )
-    assert (result.rows_read, result.rows_loaded, result.rows_rejected) == (4, 4, 0)
-    started = memory_db.execute(
+def _leg_spans(con, name: str, role: str):
+    """Ingest one fixture log as a node of ``role``: its result, and each leg's request id,
+    role, start and end in request order."""
+    result = ingest_file(con, FORMATS / name, "engine_legs", "sglang", defaults={"role": role})
+    spans = con.execute(
         "SELECT request_id, role, started_at, finished_at FROM engine_legs "
         "WHERE evidence_id = ? ORDER BY request_id",
         [result.evidence_id],
     ).fetchall()
+    return result, spans
+
+
+def test_unified_leg_starts_when_a_batch_took_it_in(memory_db):
+    # Without disaggregation a request waits in the scheduler's queue and gets its KV pages
+    # when a batch takes it in; the forward runs from there to the end.
+    result, started = _leg_spans(memory_db, "unified-0.log", "unified")
+    assert (result.rows_read, result.rows_loaded, result.rows_rejected) == (4, 4, 0)
     assert started == [
         # The end (received 10:00:00 + e2e 5 s) less the forward (2.9 s); not the queue's
         # entry plus the queueing (10:00:02.05), nor the received time plus it (10:00:02).
@@ -338,27 +343,20 @@ def test_an_empty_log_loads_nothing_and_says_so(tmp_path, memory_db):
 def test_decode_leg_starts_when_its_pages_were_allocated(memory_db):
     # A decode request waits in the preallocation queue (bootstrap, then free pages) before it
     # holds KV: the replay needs that instant, not when the request arrived.
-    result = ingest_file(
-        memory_db, FORMATS / "decode-1_0.log", "engine_legs", "sglang", defaults={"role": "decode"}
-    )
+    result, started = _leg_spans(memory_db, "decode-1_0.log", "decode")
     assert (result.rows_read, result.rows_loaded, result.rows_rejected) == (5, 5, 0)
-    started = memory_db.execute(
-        "SELECT request_id, started_at, finished_at FROM engine_legs WHERE evidence_id = ? "
-        "ORDER BY request_id",
-        [result.evidence_id],
-    ).fetchall()
     assert started == [
         # The end (received 14:02:00.4 + e2e 3 s) less transfer, queue and forward (900 ms);
         # not the received time plus the queueing (14:02:01.9), nor the monotonic start=.
-        ("q1", ts("2026-09-08 14:02:02.500"), ts("2026-09-08 14:02:03.400")),
+        ("q1", "decode", ts("2026-09-08 14:02:02.500"), ts("2026-09-08 14:02:03.400")),
         # No e2e latency: the queue's wall-clock entry plus bootstrap and wait (2,000.5 ms).
-        ("q2", ts("2026-09-08 14:03:02.250500"), ts("2026-09-08 14:03:04")),
+        ("q2", "decode", ts("2026-09-08 14:03:02.250500"), ts("2026-09-08 14:03:04")),
         # Neither: the received time plus the queueing (3 s).
-        ("q3", ts("2026-09-08 14:04:03"), ts("2026-09-08 14:04:05")),
+        ("q3", "decode", ts("2026-09-08 14:04:03"), ts("2026-09-08 14:04:05")),
         # Durations longer than the leg (0.9 s of 0.5 s): never before it was received.
-        ("q4", ts("2026-09-08 14:05:00"), ts("2026-09-08 14:05:00.500")),
+        ("q4", "decode", ts("2026-09-08 14:05:00"), ts("2026-09-08 14:05:00.500")),
         # No time-stats line: the received time.
-        ("q5", ts("2026-09-08 14:06:00"), ts("2026-09-08 14:06:02")),
+        ("q5", "decode", ts("2026-09-08 14:06:00"), ts("2026-09-08 14:06:02")),
     ]
     # The engine's own count of generated tokens, which sizes the allocation in the replay
     # when no client record does.
