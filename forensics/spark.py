@@ -404,7 +404,8 @@ class SparkWorkspace:
             con.execute(f"DELETE FROM {name}")  # noqa: S608 - fixed names
             # In pieces: 786,029 exposures at 16M requests, taken whole, were one task result
             # that a local driver's 1 GB heap lost.
-            for table in arrow_pieces(self.session.table(name), f"copying {name} back"):
+            frame = self.session.table(name)
+            for table in arrow_pieces(frame, f"copying {name} back", materialised=True):
                 con.register("__spark_findings", table)
                 columns = ", ".join(f'"{c}"' for c in table.column_names)
                 con.execute(f"INSERT INTO {name} ({columns}) SELECT * FROM __spark_findings")  # noqa: S608

@@ -61,13 +61,16 @@ def to_arrow(df: DataFrame, what: str) -> pa.Table:
 PIECE_ROWS = 100_000
 
 
-def arrow_pieces(df: DataFrame, what: str, rows: int | None = None) -> Iterator[pa.Table]:
+def arrow_pieces(
+    df: DataFrame, what: str, rows: int | None = None, *, materialised: bool = False
+) -> Iterator[pa.Table]:
     """A result's rows as Arrow tables of about ``rows`` rows each, one Spark job per piece,
     so what one copy back asks of the driver is bounded whatever detection found.
 
-    The frame is computed once (checkpointed), counted, then split by a hash of each whole
-    row: pieces come in no particular order, so a caller that keeps an order sorts on insert.
-    Identical rows fall in the same piece; every row is in exactly one.
+    The frame is computed once (checkpointed, unless ``materialised`` says it already is, as a
+    workspace table is), counted, then split by a hash of each whole row: pieces come in no
+    particular order, so a caller that keeps an order sorts on insert. Identical rows fall in
+    the same piece; every row is in exactly one.
     """
     import math
 
@@ -75,7 +78,7 @@ def arrow_pieces(df: DataFrame, what: str, rows: int | None = None) -> Iterator[
 
     rows = rows or PIECE_ROWS
     with one_line_failures(what):
-        frame = df.localCheckpoint(eager=True)
+        frame = df if materialised else df.localCheckpoint(eager=True)
         total = frame.count()
     pieces = max(1, math.ceil(total / rows))
     if pieces == 1:
@@ -118,10 +121,8 @@ def error_line(exc: Exception) -> str:
         # A JVM exception PySpark does not translate (a job aborted for the driver's result
         # size or memory, say): its first line names only the Py4J call that failed. The
         # innermost cause says why; the Java package adds nothing to it.
-        causes = [
-            line[len("Caused by:") :].strip() for line in text if line.startswith("Caused by:")
-        ]
-        thrown = [line.lstrip(": ").strip() for line in text[1:2] if not line.startswith("at ")]
-        reason = (causes or thrown or text)[-1]
+        causes = [line.removeprefix("Caused by:").strip() for line in text if "Caused by:" in line]
+        thrown = text[1].lstrip(": ") if len(text) > 1 else text[0]
+        reason = causes[-1] if causes else thrown
         return re.sub(r"^(?:[a-z_$][\w$]*\.)+(?=[A-Z])", "", reason)
     return text[0]

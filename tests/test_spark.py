@@ -269,23 +269,29 @@ def test_a_spark_that_cannot_start_is_one_line(tiny_case_dir):
     assert "Traceback" not in done.stderr
 
 
-def test_spark_starts_without_chatter():
-    """Spark's start-up lines ("Setting default log level...") would bury ours: a fresh process
-    that starts Spark and runs a job prints nothing of Spark's on stderr but the Java
-    runtime's own notice of the module Spark asks for."""
+def _python_in_a_fresh_process(script: str):
+    """Run ``script`` in a new Python (a Spark started with settings of its own, or watched
+    from its start), without this process's Spark submit arguments; it must succeed."""
     import subprocess
     import sys
 
-    script = (
-        "from forensics.spark import start_session\n"
-        "print(start_session('local[1]').range(5).count())\n"
-    )
     env = dict(os.environ)
     env.pop("PYSPARK_SUBMIT_ARGS", None)
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
     )
     assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_spark_starts_without_chatter():
+    """Spark's start-up lines ("Setting default log level...") would bury ours: a fresh process
+    that starts Spark and runs a job prints nothing of Spark's on stderr but the Java
+    runtime's own notice of the module Spark asks for."""
+    done = _python_in_a_fresh_process(
+        "from forensics.spark import start_session\n"
+        "print(start_session('local[1]').range(5).count())\n"
+    )
     assert done.stdout == "5\n"
     spoken = [
         line for line in done.stderr.splitlines() if not line.startswith("WARNING: Using incubator")
@@ -393,10 +399,7 @@ def test_a_job_the_driver_refuses_is_one_line_naming_why():
     arrives as a Py4J error whose first line names only the call ("An error occurred while
     calling o56.getResult."); the line shown is the cause. (Its own process: the limit is set
     when Spark starts.)"""
-    import subprocess
-    import sys
-
-    script = (
+    done = _python_in_a_fresh_process(
         "from forensics.spark import start_session\n"
         "from forensics.sparkerrors import SparkError, to_arrow\n"
         "spark = start_session('local[1]', {'spark.driver.maxResultSize': '1k'})\n"
@@ -405,12 +408,6 @@ def test_a_job_the_driver_refuses_is_one_line_naming_why():
         "except SparkError as exc:\n"
         "    print(exc)\n"
     )
-    env = dict(os.environ)
-    env.pop("PYSPARK_SUBMIT_ARGS", None)
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
-    )
-    assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("SparkException: Job aborted due to stage failure: "), done.stdout
     assert "is bigger than spark.driver.maxResultSize (1024.0 B)" in done.stdout
     assert done.stdout.endswith(
