@@ -20,7 +20,7 @@ its reservation keeps the earlier writer's content and can leak it again to a la
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from forensics.replay import RankReplay, replay_ranks
@@ -258,9 +258,10 @@ def attribute(
     tables: list[Any] = []  # exposures of replayed ranks, as Arrow tables
     temporal_victims: list[str] = []  # no page-level method: every candidate tier
     drifted_victims: list[str] = []  # a replay that drifted: recent releases only
+    unreplayed_on: dict[str, tuple[int, str]] = {}  # node -> victims before its first pool
     # Ranks in the order the replay streams return them: node, then rank (none first).
     ordered = sorted(groups.items(), key=lambda g: (g[0][0], g[0][1] is not None, g[0][1] or 0))
-    methods = _choose_methods(con, [key for key, _ in ordered])
+    methods, first_pool = _choose_methods(con, [key for key, _ in ordered])
     replayed_ranks = {
         key: {m.request_id: m for m in groups[key]}
         for key, (m, _) in methods.items()
@@ -317,9 +318,24 @@ def attribute(
             rows += replayed
         if warning:
             result.warnings.append(("replay_drift", f"{node} rank {rank}: {warning}"))
+        # The replay starts at the node's first pool snapshot: before it no pool size is known
+        # (a missing or lost snapshot file), so a victim that took its pages earlier has no
+        # page-level sources, only temporal candidates, and is told so rather than "not found".
+        unreplayed = (
+            _before_first_pool(node, first_pool.get(node)) if method == "allocator_replay" else None
+        )
+        early = 0
         for m in members:
             st = per_victim.get(m.request_id)
-            if st is None:
+            if st is None and unreplayed and m.alloc_at and m.alloc_at < first_pool[node]:
+                early += 1
+                statuses.append(
+                    AttributionStatus(
+                        m.request_id, node, rank, "temporal", "candidates", 0, unreplayed
+                    )
+                )
+                temporal_victims.append(m.request_id)
+            elif st is None:
                 statuses.append(
                     AttributionStatus(
                         m.request_id,
@@ -328,7 +344,8 @@ def attribute(
                         method,
                         "none",
                         0,
-                        "no allocation found in the replay",
+                        "no allocation found in the "
+                        + ("replay" if method == "allocator_replay" else "allocation log"),
                     )
                 )
                 temporal_victims.append(m.request_id)
@@ -354,6 +371,16 @@ def attribute(
                         m.request_id, node, rank, method, status, st.unknown_pages, note
                     )
                 )
+        if early:
+            unreplayed_on[node] = (unreplayed_on.get(node, (0, ""))[0] + early, unreplayed)
+    for node, (early, why) in unreplayed_on.items():
+        result.warnings.append(
+            (
+                "temporal_fallback",
+                f"{node}: {early:,} affected {_responses(early)} took pages"
+                f" there before its pool was known: {why}",
+            )
+        )
     if rows:
         tables.append(_exposure_table(rows))
     if tables:
@@ -398,21 +425,21 @@ def drop_working_tables(con) -> None:
 
 def _choose_methods(
     con, ranks: list[tuple[str, int | None]]
-) -> dict[tuple[str, int | None], tuple[str, str | None]]:
+) -> tuple[dict[tuple[str, int | None], tuple[str, str | None]], dict[str, datetime]]:
     """Per rank: allocation_log where the rank has one, else allocator_replay where the pool
-    is known, else temporal (with why). Two queries for all the ranks."""
+    is known, else temporal (with why); and each decode node's first pool snapshot, where its
+    replay begins. Two queries for all the ranks."""
     logged = {
         (node, rank)
         for node, rank in con.execute(
             "SELECT DISTINCT node, dp_rank FROM kv_allocations"
         ).fetchall()
     }
-    pools = {
-        node: dp_size
-        for node, dp_size in con.execute(
-            "SELECT node, max(dp_size) FROM decode_limits GROUP BY node"
-        ).fetchall()
-    }
+    pools, first_pool = {}, {}
+    for node, dp_size, first in con.execute(
+        "SELECT node, max(dp_size), min(observed_at) FROM decode_limits GROUP BY node"
+    ).fetchall():
+        pools[node], first_pool[node] = dp_size, first
     methods: dict[tuple[str, int | None], tuple[str, str | None]] = {}
     for node, rank in ranks:
         if (node, rank) in logged:
@@ -429,7 +456,23 @@ def _choose_methods(
             )
         else:
             methods[(node, rank)] = ("allocator_replay", None)
-    return methods
+    return methods, first_pool
+
+
+def _before_first_pool(node: str, first: datetime | None) -> str | None:
+    """Why a victim that took its pages on ``node`` before ``first``, the node's first pool
+    snapshot, has no page-level sources (None when the node has no snapshot at all)."""
+    if first is None:
+        return None
+    at = first.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    return (
+        f"no pool snapshot of {node} before {at} (its first), so its pool cannot be"
+        " replayed before then; the sources are temporal candidates only"
+    )
+
+
+def _responses(n: int) -> str:
+    return "response" if n == 1 else "responses"
 
 
 # Keeps the rows of decode_timeline ``t`` on the ranks of parameter ``$ranks``.

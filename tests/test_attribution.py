@@ -79,7 +79,9 @@ TIMELINE = [  # request, tenant, prompt, start, end, victim
 ]
 
 
-def build_case(tmp_path, *, decode_snapshot=True, allocation_log=None, exclusion=""):
+def build_case(
+    tmp_path, *, decode_snapshot=True, decode_snapshot_at=0, allocation_log=None, exclusion=""
+):
     manifest = tmp_path / "case.toml"
     manifest.write_text(
         '[incident]\nid = "INC-T"\ncontext_length = 100\n'
@@ -109,7 +111,7 @@ def build_case(tmp_path, *, decode_snapshot=True, allocation_log=None, exclusion
         snaps.append(
             {
                 "node": "d0",
-                "observed_at": _t(0),
+                "observed_at": _t(decode_snapshot_at),
                 "role": "decode",
                 "max_total_num_tokens": 40,
                 "page_size": 4,
@@ -221,6 +223,34 @@ def test_temporal_fallback_ranks_recent_releases_and_warns(tmp_path):
         ("W", "V", 1, "low"),
         ("W", "B", 2, "low"),
         ("W", "A", 3, "very_low"),
+    ]
+
+
+def test_a_victim_before_the_first_pool_snapshot_is_told_why_it_has_candidates_only(tmp_path):
+    # d0's only snapshot is at t=7 (an earlier one lost): V took its pages at t=6, before any
+    # pool is known; W at t=8, after it, is replayed from an empty history.
+    case, con = build_case(tmp_path, decode_snapshot_at=7)
+    summary = detect_case(con, case)
+    status = {
+        r[0]: r[1:]
+        for r in con.execute(
+            "SELECT recipient_request_id, method, status, note FROM findings_attribution"
+        ).fetchall()
+    }
+    why = (
+        "no pool snapshot of d0 before 2026-08-28T10:00:07Z (its first), so its pool cannot be"
+        " replayed before then; the sources are temporal candidates only"
+    )
+    assert status["V"] == ("temporal", "candidates", why)
+    # W's pages were last written before the replayed history begins: not known, not guessed.
+    assert status["W"][:2] == ("allocator_replay", "partial")
+    warning = f"d0: 1 affected response took pages there before its pool was known: {why}"
+    assert warning in summary.warnings
+    # Its candidates are the releases before it in the overlap window, as on a node with no
+    # snapshot at all (test_temporal_fallback_ranks_recent_releases_and_warns).
+    assert [e[1:] for e in exposures(con) if e[0] == "V"] == [
+        ("A", "ta", "temporal", 12, "low"),
+        ("B", "tb", "temporal", 12, "low"),
     ]
 
 

@@ -835,6 +835,7 @@ def test_incomplete_evidence_is_listed_and_announced(tmp_path):
     )
     assert items[1].startswith("evidence/pool.jsonl (pool_snapshots, partial, 3 rows loaded")
     assert "prefill limits fall back to the default pool size" in items[1]
+    assert "a decode node's pool is replayed only from its first snapshot" in items[1]
     assert items[2].startswith("legs/*.parquet (engine_legs, missing, rows lost: unknown)")
     assert "attribution falls back" in items[2]
 

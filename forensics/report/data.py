@@ -34,7 +34,9 @@ EVIDENCE_LIMITS = {
     ),
     "pool_snapshots": (
         "prefill limits fall back to the default pool size ([detection].default_pool_tokens) "
-        "where no snapshot covers a node"
+        "where no snapshot covers a node, and a decode node's pool is replayed only from its "
+        "first snapshot: responses that took their pages before it have temporal candidates, "
+        "not page-level sources"
     ),
     "kv_allocations": "attribution falls back from the allocation log to the allocator replay",
     "tenants": "tenant names and contacts may be missing from the notices",
