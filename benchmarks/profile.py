@@ -72,9 +72,26 @@ class TimedConnection:
     def execute(self, sql, *args, **kwargs):
         import inspect
 
+        self._register(inspect.currentframe().f_back.f_locals)
+        return self._timed(sql, lambda: self._con.execute(sql, *args, **kwargs))
+
+    def sql(self, sql, *args, **kwargs):
+        """A query run through ``sql`` (the detectors), timed in full: its rows are fetched
+        here and handed back as a relation over them."""
+        import inspect
+
+        self._register(inspect.currentframe().f_back.f_locals)
+
+        def run():
+            relation = self._con.sql(sql, *args, **kwargs)
+            return None if relation is None else relation.to_arrow_table()
+
+        table = self._timed(sql, run)
+        return None if table is None else self._con.from_arrow(table)
+
+    def _register(self, caller) -> None:
         # Replacement scans resolve Arrow and DataFrame names in the caller's frame: register
         # the caller's tables so its SQL still finds them through this proxy.
-        caller = inspect.currentframe().f_back.f_locals
         for name, value in caller.items():
             kind = type(value)
             if kind.__module__.split(".")[0] in ("pyarrow", "polars", "pandas") and (
@@ -83,10 +100,12 @@ class TimedConnection:
                 self._con.register(name, value)
             elif type(value).__name__ == "DuckDBPyRelation":
                 value.create_view(name, replace=True)
+
+    def _timed(self, sql, run):
         key = " ".join(str(sql).split())[:100]
         start = time.perf_counter()
         try:
-            return self._con.execute(sql, *args, **kwargs)
+            return run()
         finally:
             self.seconds[key] += time.perf_counter() - start
             self.calls[key] += 1
