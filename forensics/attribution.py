@@ -371,7 +371,7 @@ def attribute(
                         m.request_id, node, rank, method, status, st.unknown_pages, note
                     )
                 )
-        if early:
+        if early and unreplayed:
             unreplayed_on[node] = (unreplayed_on.get(node, (0, ""))[0] + early, unreplayed)
     for node, (early, why) in unreplayed_on.items():
         result.warnings.append(

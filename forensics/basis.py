@@ -121,10 +121,11 @@ def evidence_basis(con: duckdb.DuckDBPyConnection) -> EvidenceBasis:
     if no_requests:
         basis.can_clear = True  # engine records alone prove (or rule out) the bug path
         c["affected"] = (
-            "From engine records alone: a prefill that logged the input-length rejection, or a"
-            " decode leg that received far less than it reserved, followed by a decode leg"
-            " that completed. over_pool and latency_too_good need the client log and did not"
-            " run on these requests."
+            "From engine records alone: a prefill that logged the input-length rejection, a"
+            " decode leg that received far less than it reserved, or a decode leg that reserved"
+            " a prompt at or over the prefill limit in force, each followed by a decode leg that"
+            " completed. latency_too_good needs the client log and did not run on these"
+            " requests."
         )
         c["recipients"] = (
             "Tenants are named only where the engine records carry a tenant label;"

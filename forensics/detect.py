@@ -297,7 +297,8 @@ def evidence_warnings(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) ->
                     "no_requests",
                     "No client requests are loaded: affected responses come from engine"
                     " records alone, their tenants are unknown unless the legs carry a tenant"
-                    " label, and over_pool, latency and exploitation cannot be judged.",
+                    " label, over_pool judges the prompt each decode leg reserved, and latency"
+                    " and exploitation cannot be judged.",
                 )
             )
     if count["pool_snapshots"] == 0:
@@ -338,7 +339,8 @@ def evidence_warnings(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) ->
                 (
                     "no_prefill_node",
                     f"{missing[0]:,} of {missing[2]:,} requests have no"
-                    " prefill_node: the smallest prefill limit in force is applied to them.",
+                    " prefill_node: over the largest prefill limit in force they are over_pool,"
+                    " over only the smallest over_pool_unplaced (for review).",
                 )
             )
         if missing[1]:

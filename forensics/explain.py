@@ -134,6 +134,13 @@ def verdict_reason(verdict: dict[str, Any] | None, parameters: dict[str, Any]) -
     if verdict["verdict"] == "likely":
         if "over_pool" in signals:
             return "the prompt was at or over the limit in force, and no engine record refutes it"
+        if "over_pool_unplaced" in signals and "token_mismatch" not in signals:
+            rest = sorted(signals - {"over_pool_unplaced"})
+            agree = "agree" if len(rest) > 1 else "agrees"
+            return (
+                "the prompt was over the limit of some prefill node (which one took it is not"
+                f" on record), and {', '.join(rest)} {agree}"
+            )
         at_least = f" (at least {long_prompt:,} tokens)" if long_prompt else ""
         return f"an engine leg held far fewer tokens than a long prompt{at_least}"
     if verdict.get("note"):
@@ -156,7 +163,7 @@ def _limit(
                       l.prefill_node AS node, l.context_ceiling AS context,
                       l.limit_evidence_id AS evidence_id, l.limit_source_row AS source_row,
                       e.path AS evidence_path
-               FROM limits_in_force(1, $default_limit, $context) l
+               FROM limits_in_force(1, $default_limit, $context, true) l
                LEFT JOIN evidence e ON e.evidence_id = l.limit_evidence_id
                WHERE l.request_id = $id""",
             {

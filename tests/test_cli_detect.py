@@ -224,3 +224,10 @@ def test_the_verdict_reason_names_the_rule_that_applied():
     assert reason("possible", "latency_too_good") == (
         "latency_too_good alone: a reason to look, not proof of exposure"
     )
+    assert reason("likely", "latency_too_good,over_pool_unplaced") == (
+        "the prompt was over the limit of some prefill node (which one took it is not on"
+        " record), and latency_too_good agrees"
+    )
+    assert reason("possible", "over_pool_unplaced") == (
+        "over_pool_unplaced alone: a reason to look, not proof of exposure"
+    )

@@ -74,3 +74,52 @@ def test_detector_case(det, case):
     assert sorted(result.column("request_id").to_pylist()) == sorted(case["expect"])
     for evidence in result.column("evidence").to_pylist():
         assert '"table"' in evidence and '"source_row"' in evidence
+
+
+def test_a_prompt_no_record_places_is_likely_over_every_limit_and_reviewed_between(tmp_path):
+    """Engine records alone, the prefill log lost: the decode legs' reservations are judged
+    against the prefill limits in force. Over every node's limit it was refused wherever it
+    went (likely, notified); over only the smaller pool's it may have been served whole on
+    the larger (possible, reviewed): never a notice on a guess of the node."""
+    from forensics.case import load_case
+    from forensics.detect import detect_case
+
+    manifest = tmp_path / "case.toml"
+    manifest.write_text('[incident]\nid = "INC-U"\ncontext_length = 1048576\n')
+    case = load_case(manifest)
+    con = connect(case.database)
+    snap = {"observed_at": "2026-08-27T00:00:00Z", "context_length": 1048576}
+    insert_rows(
+        con,
+        "pool_snapshots",
+        [
+            {**snap, "node": "p0", "role": "prefill", "max_total_num_tokens": 681280},
+            {**snap, "node": "p1", "role": "prefill", "max_total_num_tokens": 917504},
+            {**snap, "node": "d0", "role": "decode", "max_total_num_tokens": 2000000},
+        ],
+    )
+
+    def decode(rid, reserved, minute):
+        return {
+            "request_id": rid,
+            "role": "decode",
+            "node": "d0",
+            "dp_rank": 0,
+            "started_at": f"2026-08-28T10:{minute:02d}:00Z",
+            "finished_at": f"2026-08-28T10:{minute:02d}:09Z",
+            "reserved_tokens": reserved,
+            "finish_type": "stop",
+        }
+
+    insert_rows(
+        con,
+        "engine_legs",
+        [decode("over-all", 950000, 1), decode("between", 800000, 2), decode("under", 600000, 3)],
+    )
+    detect_case(con, case)
+    assert con.execute(
+        "SELECT request_id, verdict, signals FROM findings_affected ORDER BY request_id"
+    ).fetchall() == [
+        ("between", "possible", "over_pool_unplaced"),
+        ("over-all", "likely", "over_pool"),
+    ]

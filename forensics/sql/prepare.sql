@@ -46,13 +46,16 @@ SELECT node, observed_at, pool_tokens, context_length, threshold_tokens, source_
 FROM ordered
 WHERE previous_threshold IS NULL OR previous_threshold <> threshold_tokens;
 
--- The smallest limit in force on any prefill node at each change point: used for requests
--- whose prefill node is not recorded (the conservative reading keeps recall).
+-- The smallest and the largest limit in force on any prefill node at each change point, for
+-- requests whose prefill node is not recorded: over the largest, every node would have refused
+-- the prompt (over_pool); over the smallest only, some node would have (over_pool_unplaced: for
+-- review, since a node with a larger pool may have served it whole).
 CREATE OR REPLACE TEMP TABLE prefill_limits_any AS
 WITH times AS (SELECT DISTINCT observed_at FROM prefill_limits),
 nodes AS (SELECT DISTINCT node FROM prefill_limits),
 grid AS (SELECT t.observed_at, n.node FROM times t CROSS JOIN nodes n)
 SELECT g.observed_at, min(l.threshold_tokens) AS threshold_tokens,
+       max(l.threshold_tokens) AS largest_tokens,
        max(l.context_length) AS context_length
 FROM grid g ASOF JOIN prefill_limits l ON g.node = l.node AND g.observed_at >= l.observed_at
 GROUP BY g.observed_at;
@@ -166,15 +169,21 @@ WHERE (p.model IS NULL OR r.model IS NULL OR r.model = p.model)
 -- The prefill limit in force for every request at or near one: the single lookup that over_pool
 -- and the exploitation assessment share. A request with no prefill node on its client record
 -- takes the node from its engine legs; a node no snapshot covers takes the limit implied by
--- default_pool_tokens; with no node at all, the smallest limit in force on any node.
+-- default_pool_tokens; with no node at all, the largest limit in force on any node (whichever
+-- node took it refused it), and `lowest_threshold_tokens` the smallest (some node would have).
 -- `band` widens the cheap pre-filter below the smallest limit (0 for over_pool).
-CREATE OR REPLACE TEMP MACRO limits_in_force(band, default_limit, advertised_context) AS TABLE
+-- `engine_records` adds the engine requests with no client record (all_requests), whose prompt
+-- is what their decode leg reserved: over_pool judges them, the exploitation assessment (a
+-- tenant's own prompts, from the client log) does not.
+CREATE OR REPLACE TEMP MACRO limits_in_force(band, default_limit, advertised_context,
+                                             engine_records) AS TABLE
 WITH floor AS (
   SELECT least((SELECT min(threshold_tokens) FROM prefill_limits), default_limit) * (1 - band)
            AS tokens
 ),
 near AS (
-  SELECT r.* FROM scoped_requests r, floor f WHERE r.prompt_tokens >= f.tokens
+  SELECT r.* FROM scoped_all r, floor f
+  WHERE r.prompt_tokens >= f.tokens AND (r.client_record OR engine_records)
 ),
 placed AS (
   SELECT client_request_id,
@@ -198,23 +207,58 @@ with_node AS (
     ON c.prefill_node = l.node AND c.received_at >= l.observed_at
 ),
 with_any AS (
-  SELECT w.*, a.threshold_tokens AS any_threshold, a.context_length AS any_context
+  SELECT w.*, a.threshold_tokens AS any_threshold, a.largest_tokens AS any_largest,
+         a.context_length AS any_context,
+         w.node_threshold IS NULL AND (w.prefill_node IS NULL OR default_limit IS NULL)
+           AS node_unknown
   FROM with_node w
   ASOF LEFT JOIN prefill_limits_any a ON w.received_at >= a.observed_at
 )
-SELECT *,
+SELECT * EXCLUDE (node_unknown),
   CASE
-    WHEN node_threshold IS NOT NULL THEN node_threshold
-    WHEN prefill_node IS NOT NULL AND default_limit IS NOT NULL THEN default_limit
-    ELSE coalesce(any_threshold, default_limit)
+    WHEN NOT node_unknown THEN coalesce(node_threshold, default_limit)
+    ELSE coalesce(any_largest, default_limit)
   END AS threshold_tokens,
   CASE
     WHEN node_threshold IS NOT NULL THEN limit_table
-    WHEN prefill_node IS NOT NULL AND default_limit IS NOT NULL THEN 'default_pool_tokens'
-    WHEN any_threshold IS NOT NULL THEN 'smallest prefill limit in force (node unknown)'
+    WHEN NOT node_unknown THEN 'default_pool_tokens'
+    WHEN any_largest IS NOT NULL THEN 'largest prefill limit in force (node unknown)'
     ELSE 'default_pool_tokens'
   END AS threshold_source,
+  CASE WHEN node_unknown THEN coalesce(any_threshold, default_limit) END
+    AS lowest_threshold_tokens,
   coalesce(node_context, advertised_context, any_context) AS context_ceiling
 FROM with_any;
+
+-- Answered requests over a prefill limit, below the context ceiling, that their decode pool
+-- could hold (else the tokenizer or decode refused them: no leak), each with the decode pool in
+-- force and the evidence rows it rests on. over_pool takes those at or over the limit in force
+-- (every node's when the node is unknown); over_pool_unplaced those whose unknown node may or
+-- may not have refused them (no limit row of their own: the node is unknown).
+CREATE OR REPLACE TEMP MACRO answered_over_limits(default_limit, advertised_context) AS TABLE
+WITH judged AS (
+  SELECT * FROM limits_in_force(0, default_limit, advertised_context, true)
+  WHERE answered AND coalesce(lower(finish_reason), '') <> 'abort'
+    AND prompt_tokens >= coalesce(lowest_threshold_tokens, threshold_tokens)
+),
+with_decode AS (
+  SELECT j.*, d.pool_tokens AS decode_pool_tokens, d.evidence_id AS decode_evidence_id,
+         d.source_row AS decode_source_row
+  FROM judged j
+  ASOF LEFT JOIN decode_limits d
+    ON j.decode_node = d.node AND j.received_at >= d.observed_at
+)
+SELECT *,
+  format('decode pool {}; context {}', coalesce(decode_pool_tokens::VARCHAR, 'unknown'),
+         coalesce(context_ceiling::VARCHAR, 'unknown')) AS pools_detail,
+  to_json(list_filter([
+    {'table': record_table, 'evidence_id': evidence_id, 'source_row': source_row},
+    {'table': limit_table, 'evidence_id': limit_evidence_id, 'source_row': limit_source_row},
+    {'table': 'pool_snapshots', 'evidence_id': decode_evidence_id,
+     'source_row': decode_source_row}
+  ], lambda e: e.evidence_id IS NOT NULL)) AS evidence
+FROM with_decode
+WHERE (context_ceiling IS NULL OR prompt_tokens < context_ceiling)
+  AND (decode_pool_tokens IS NULL OR prompt_tokens <= decode_pool_tokens);
 
 CREATE OR REPLACE TEMP TABLE detect_flagged (request_id VARCHAR);
