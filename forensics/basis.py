@@ -65,6 +65,39 @@ KIND_LABELS = {
 }
 
 
+def _engine_sources(con: duckdb.DuckDBPyConnection, allocation_log: bool) -> str:
+    """What the sources rest on without the client log, as attribution found it: a tenant only
+    where the legs carry a label, and a replay that guessed only where a leg did not count its
+    generated tokens (an SGLang decode leg does), so neither is claimed lost when it was not."""
+    unnamed = scalar(
+        con,
+        "SELECT count(DISTINCT source_request_id) FROM findings_exposures"
+        " WHERE source_tenant_id IS NULL",
+    )
+    if not unnamed:
+        named = "every source request read carries one"
+    elif unnamed == 1:
+        named = "1 source request read carries none, so its tenant is unknown"
+    else:
+        named = f"{unnamed:,} source requests read carry none, so their tenants are unknown"
+    text = (
+        f"Sources are engine request ids, named to a tenant only by a label on their legs; {named}"
+    )
+    if allocation_log:
+        return text + " (pages from the allocation log)."
+    approximate = scalar(
+        con, "SELECT count(*) FROM findings_attribution WHERE status = 'approximate'"
+    )
+    if approximate:
+        return text + (
+            ". Some generated tokens are unknown without it, so the replayed pool is"
+            f" approximate for {approximate:,} affected"
+            f" {'response, which also gets' if approximate == 1 else 'responses, which also get'}"
+            " nearby releases as review candidates."
+        )
+    return text + ". The decode legs count their generated tokens: the replay guessed none."
+
+
 def evidence_basis(con: duckdb.DuckDBPyConnection) -> EvidenceBasis:
     """Count what was loaded and spell out what each headline figure can and cannot show.
 
@@ -133,12 +166,7 @@ def evidence_basis(con: duckdb.DuckDBPyConnection) -> EvidenceBasis:
             f"{'is' if unknown_tenant_responses == 1 else 'are'} on the review list until"
             " their request ids are mapped to tenants."
         )
-        c["sources"] = "Sources are engine request ids: without the client log their tenants" + (
-            " are unknown (pages from the allocation log)."
-            if allocation_log
-            else " are unknown, and so are their generated tokens: the replayed pool is"
-            " approximate and its victims also get nearby releases as review candidates."
-        )
+        c["sources"] = _engine_sources(con, allocation_log)
         c["exploitation"] = (
             "Cannot be assessed: prompt lengths per tenant come from the client request log."
         )

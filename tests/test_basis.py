@@ -99,3 +99,29 @@ def test_one_side_of_the_engines_missing_is_named():
     assert "cannot be shown answered" in basis.caveats["affected"]
     assert "client times" in basis.caveats["sources"]
     assert "decode_legs (the decode engines' records)" in basis.headline()
+
+
+def test_without_the_client_log_the_sources_say_what_attribution_found():
+    """Engine records alone: the sources' caveat counts what the legs left unknown, rather than
+    claim every tenant and every generated token lost."""
+    con = _db("engine_legs", "prefill", "decode")
+    exposure = "INSERT INTO findings_exposures (recipient_request_id, source_request_id,"
+    exposure += " source_tenant_id) VALUES ('v1', ?, ?)"
+    con.execute(exposure, ["s1", "t9"])
+    status = "INSERT INTO findings_attribution (recipient_request_id, status) VALUES (?, ?)"
+    con.execute(status, ["v1", "complete"])
+    whole = evidence_basis(con).caveats["sources"]
+    assert whole == (
+        "Sources are engine request ids, named to a tenant only by a label on their legs;"
+        " every source request read carries one. The decode legs count their generated tokens:"
+        " the replay guessed none."
+    )
+    con.execute(exposure, ["s2", None])
+    con.execute(status, ["v2", "approximate"])
+    partial = evidence_basis(con).caveats["sources"]
+    assert partial == (
+        "Sources are engine request ids, named to a tenant only by a label on their legs;"
+        " 1 source request read carries none, so its tenant is unknown. Some generated"
+        " tokens are unknown without it, so the replayed pool is approximate for 1 affected"
+        " response, which also gets nearby releases as review candidates."
+    )
