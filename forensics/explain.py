@@ -151,7 +151,7 @@ def verdict_reason(verdict: dict[str, Any] | None, parameters: dict[str, Any]) -
 def _limit(
     con: duckdb.DuckDBPyConnection, case: Case, request_id: str, parameters: dict[str, Any]
 ) -> dict[str, Any] | None:
-    """The prefill limit in force for a client request: the one lookup detection uses
+    """The prefill limit in force for a request: the one lookup detection uses
     (``limits_in_force`` of ``sql/prepare.sql``), over the case's working views."""
     from forensics.detect import case_parameters, prepare
 
@@ -290,7 +290,7 @@ def explain_request(
     parameters = json.loads(stored[0]) if stored else {}
     the_verdict = verdict[0] if verdict else None
     limit = None
-    if case is not None and req["client_record"]:
+    if case is not None:
         limit = _limit(con, case, request_id, parameters)
     return Explanation(
         req,

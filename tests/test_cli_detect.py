@@ -90,7 +90,9 @@ def test_explain_an_engine_only_victim_tells_the_engines_story(case_dir, tmp_pat
     assert "no client record: this is the engine's view of the request" in out
     assert "\n  prefill_rejected: " in out and "yet the decode leg completed" in out
     assert "Verdict: confirmed (" in out
-    assert "Limit in force: not looked up without a client record" in out
+    # Its prompt is what its decode leg reserved, judged against its prefill node's limit.
+    assert re.search(r"^Limit in force: [\d,]+ tokens on prefill-\d \(from ", out, re.M), out
+    assert "\n  over_pool: the prompt (" in out
 
 
 def test_a_case_folder_stands_for_its_case_toml(case_dir, tmp_path):

@@ -209,13 +209,7 @@ def _stage_timings(extra: Any) -> str | None:
 def _limit(console: Console, e: Explanation) -> None:
     limit = e.limit
     if limit is None:
-        if e.request.get("client_record") is False:
-            console.print(
-                "Limit in force: not looked up without a client record (a rejection the "
-                "prefill logged names the limit it applied)"
-            )
-        else:
-            console.print("Limit in force: not known (no pool snapshot and no default pool size)")
+        console.print("Limit in force: not known (no pool snapshot and no default pool size)")
         return
     row = _at(limit.get("evidence_path"), limit.get("source_row"))
     source = {
@@ -223,6 +217,8 @@ def _limit(console: Console, e: Explanation) -> None:
         "engine_legs": f"from the rejection logged in {row}",
         "default_pool_tokens": "implied by [detection].default_pool_tokens: no snapshot covers "
         "the node",
+        "largest prefill limit in force (node unknown)": "the largest in force on any prefill "
+        "node: no record names its node",
     }.get(limit["source"], limit["source"])
     node = f" on {limit['node']}" if limit.get("node") else ""
     gap = e.request["prompt_tokens"] - limit["tokens"]
@@ -253,6 +249,12 @@ def _signal_sentence(s: dict[str, Any], e: Explanation) -> str:
             f"({_n(threshold, 'token')}), below the context length, and the decode pool could "
             "hold it"
         )
+    if s["signal"] == "over_pool_unplaced":
+        return (
+            f"the prompt ({_n(value, 'token')}) is at or over the smallest prefill limit in force "
+            f"({_n(threshold, 'token')}) but under another node's, and no record names the node "
+            "that took it"
+        )
     if s["signal"] == "token_mismatch" and leg:
         if leg["role"] == "decode":
             of = "it reserved" if leg.get("reserved_tokens") == threshold else "of the prompt"
@@ -277,7 +279,13 @@ def _signal_sentence(s: dict[str, Any], e: Explanation) -> str:
 
 
 # Signals from the strongest evidence to the weakest (the README's order); others after.
-_SIGNAL_ORDER = ("prefill_rejected", "over_pool", "token_mismatch", "latency_too_good")
+_SIGNAL_ORDER = (
+    "prefill_rejected",
+    "over_pool",
+    "token_mismatch",
+    "over_pool_unplaced",
+    "latency_too_good",
+)
 
 
 def _signals(console: Console, e: Explanation) -> None:
