@@ -237,6 +237,7 @@ def detect_case(
     exclusions.mark_exclusions(con, case.exclusions)
     attributed = attribution.attribute(con, params, progress=progress)
     warnings += attributed.warnings
+    warnings += exclusions.overreach_warnings(con, case.exclusions)
     step("Evidence basis", 0, 4)
     evidence = basis.evidence_basis(con)
     basis.record_basis(con, evidence)

@@ -125,3 +125,65 @@ def mark_exclusions(con: duckdb.DuckDBPyConnection, rules: tuple[Exclusion, ...]
                  GROUP BY e.request_id) m
            WHERE a.request_id = m.request_id"""
     )
+
+
+def overreach_warnings(
+    con: duckdb.DuckDBPyConnection, rules: tuple[Exclusion, ...]
+) -> list[tuple[str, str]]:
+    """A warning for each rule that takes, from tenants its tenant_ids do not name (by API key,
+    address, user agent or time), affected responses or requests whose KV another tenant's
+    response read: those leave the customer counts and are not notified, so a rule wider than the
+    researcher's and our own traffic would hide customers. Run after attribution.
+
+    The tenants are named, up to five: the warning goes to the report and the terminal, never
+    to a customer.
+    """
+    warnings = []
+    for ex in rules:
+        found = con.execute(
+            """WITH beyond AS (
+                 SELECT request_id, tenant_id FROM findings_excluded
+                 WHERE exclusion = $name AND tenant_id IS NOT NULL
+                   AND tenant_id NOT IN (SELECT unnest($tenants))
+               ),
+               marked AS (
+                 SELECT tenant_id,
+                        request_id IN (SELECT request_id FROM findings_affected
+                                       WHERE notified_verdict(verdict)) AS affected,
+                        request_id IN (SELECT source_request_id FROM findings_exposures
+                                       WHERE recipient_tenant_id IS DISTINCT FROM source_tenant_id)
+                          AS read
+                 FROM beyond
+               )
+               SELECT count(DISTINCT tenant_id), count(*) FILTER (WHERE affected),
+                      count(*) FILTER (WHERE read),
+                      list(DISTINCT tenant_id ORDER BY tenant_id)[1:5]
+               FROM marked WHERE affected OR read""",
+            {"name": ex.name, "tenants": list(ex.tenant_ids) or [""]},
+        ).fetchone()
+        tenants, affected, read, named = found if found else (0, 0, 0, [])
+        if not tenants:
+            continue
+        some = ", ".join(named) + (", ..." if tenants > len(named) else "")
+        taken = " and ".join(
+            text
+            for n, text in (
+                (affected, f"{affected:,} affected {_plural(affected, 'response')}"),
+                (read, f"{read:,} {_plural(read, 'request')} whose KV another tenant read"),
+            )
+            if n
+        )
+        warnings.append(
+            (
+                "exclusion_beyond_named_tenants",
+                f"exclusion {ex.name} takes {taken} from {tenants:,} {_plural(tenants, 'tenant')}"
+                f" its tenant_ids do not name ({some}): they leave the customer counts and are"
+                " not notified. Check that its other selectors match only the researcher's and"
+                " our own traffic.",
+            )
+        )
+    return warnings
+
+
+def _plural(n: int, word: str) -> str:
+    return word if n == 1 else word + "s"

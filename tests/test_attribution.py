@@ -271,6 +271,31 @@ def test_excluded_recipient_keeps_its_sources_marked(tmp_path):
     assert marks == [("V", "researcher", None), ("W", None, None)]
 
 
+@pytest.mark.parametrize(
+    "rule,warned",
+    [
+        ('tenant_ids = ["tv"]', None),  # names the tenant it takes: nothing to say
+        (
+            'tenant_ids = ["t-canary"]\nuser_agent_regex = "^sdk/"',
+            "exclusion internal takes 1 affected response and 1 request whose KV another tenant"
+            " read from 2 tenants its tenant_ids do not name (ta, tv): they leave the customer"
+            " counts and are not notified. Check that its other selectors match only the"
+            " researcher's and our own traffic.",
+        ),
+    ],
+)
+def test_an_exclusion_that_takes_tenants_it_does_not_name_is_a_warning(tmp_path, rule, warned):
+    # A (ta) is read by V and W; V (tv) is a victim. Both send with the user agent the rule's
+    # regex was written for the canary's.
+    case, con = build_case(
+        tmp_path, exclusion=f'[[exclusion]]\nname = "internal"\nreason = "canary"\n{rule}\n'
+    )
+    con.execute("UPDATE requests SET user_agent = 'sdk/2' WHERE request_id IN ('A', 'V')")
+    summary = detect_case(con, case)
+    beyond = [w for w in summary.warnings if w.startswith("exclusion internal")]
+    assert beyond == ([warned] if warned else [])
+
+
 @pytest.mark.parametrize("drop", ["engine_legs", "pool_snapshots", "placement"])
 def test_missing_evidence_degrades_with_a_warning(tmp_path, drop):
     case, con = build_case(tmp_path)

@@ -1107,3 +1107,24 @@ def test_large_outputs_stream_in_batches_with_the_same_bytes(tmp_path, monkeypat
     assert order == ["r-half", "r-whole"]
     rows = (tmp_path / "whole" / "affected_responses.csv").read_text().splitlines()
     assert len(rows) == 1 + len(AFFECTED) + 2
+
+
+def test_an_exclusion_that_may_hide_customers_heads_the_summary(tmp_path):
+    case, con = build(tmp_path / "case")
+    warning = (
+        "exclusion internal takes 1 affected response from 1 tenant its tenant_ids do not name"
+        " (acct_alpha): they leave the customer counts and are not notified."
+    )
+    con.execute(
+        "INSERT INTO findings_warnings VALUES ('exclusion_beyond_named_tenants', ?)", [warning]
+    )
+    out = tmp_path / "out"
+    write_report(con, case, out)
+    banner = parse((out / "report.html").read_text(encoding="utf-8")).by_id("summary")
+    assert f"An exclusion may hide customers: {warning} See Exclusions." in banner.text
+    md = (out / "report.md").read_text(encoding="utf-8")
+    summary = md[md.index("## Executive summary") : md.index("| Finding |")]
+    assert f"> **An exclusion may hide customers:** {warning}" in summary
+    # Redacted, the tenants it names are pseudonyms like every other tenant id.
+    write_report(con, case, out, redact=True, redact_key="k1")
+    assert "acct_alpha" not in (out / "report.md").read_text(encoding="utf-8")
