@@ -20,11 +20,12 @@ its reservation keeps the earlier writer's content and can leak it again to a la
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from forensics.replay import RankReplay, replay_ranks
 from forensics.replay import ceil_div as _ceil_div
+from forensics.terminal import plural, utc
 from forensics.verdicts import CONFIDENCE_ORDER
 
 if TYPE_CHECKING:
@@ -377,7 +378,7 @@ def attribute(
         result.warnings.append(
             (
                 "temporal_fallback",
-                f"{node}: {early:,} affected {_responses(early)} took pages"
+                f"{node}: {plural(early, 'affected response')} took pages"
                 f" there before its pool was known: {why}",
             )
         )
@@ -464,15 +465,10 @@ def _before_first_pool(node: str, first: datetime | None) -> str | None:
     snapshot, has no page-level sources (None when the node has no snapshot at all)."""
     if first is None:
         return None
-    at = first.astimezone(UTC).isoformat().replace("+00:00", "Z")
     return (
-        f"no pool snapshot of {node} before {at} (its first), so its pool cannot be"
+        f"no pool snapshot of {node} before {utc(first)} (its first), so its pool cannot be"
         " replayed before then; the sources are temporal candidates only"
     )
-
-
-def _responses(n: int) -> str:
-    return "response" if n == 1 else "responses"
 
 
 # Keeps the rows of decode_timeline ``t`` on the ranks of parameter ``$ranks``.

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, overload
 from forensics.detectors import VERDICT_RULES, Detector, load_detectors, query_set_hash
 from forensics.progress import StepProgress
 from forensics.sql import first_row, run_sql_file, scalar
+from forensics.terminal import counted_parts, utc
 from forensics.verdicts import NOTIFIED_VERDICTS, VERDICTS, sql_list
 
 if TYPE_CHECKING:
@@ -353,4 +354,51 @@ def evidence_warnings(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) ->
                     " cannot be attributed to a node.",
                 )
             )
-    return out
+    return out + _outside_window(con, params)
+
+
+def _outside_window(con: duckdb.DuckDBPyConnection, params: dict[str, Any]) -> list[tuple]:
+    """A warning when requests loaded outside the manifest's window show the defect's
+    signature: detection judges only the window, so a window set too narrow would leave their
+    responses unjudged and their tenants untold."""
+    found = first_row(
+        con,
+        # Joins, not membership tests or scalar subqueries, which Spark plans as nested loops.
+        """WITH outside AS (
+             SELECT r.request_id, r.prompt_tokens, r.answered, r.received_at,
+                    r.received_at < p.start_at AS before
+             FROM all_requests r, detect_params p
+             WHERE r.received_at < p.start_at OR r.received_at > p.end_at
+           ),
+           rejected AS (
+             SELECT DISTINCT client_request_id AS request_id FROM matched_legs
+             WHERE role IN ('prefill', 'unified') AND input_length_rejection(error)
+           ),
+           ceiling AS (
+             SELECT coalesce(max(threshold_tokens), $default) AS tokens FROM prefill_limits
+           )
+           SELECT count(*) FILTER (WHERE o.before), count(*) FILTER (WHERE NOT o.before),
+                  count(*) FILTER (WHERE o.answered
+                                     AND (j.request_id IS NOT NULL OR o.prompt_tokens >= c.tokens)),
+                  min(o.received_at), max(o.received_at)
+           FROM outside o CROSS JOIN ceiling c
+           LEFT JOIN rejected j ON j.request_id = o.request_id""",
+        {"default": params.get("default_threshold_tokens")},
+    )
+    before, after, signature, first, last = found or (0, 0, 0, None, None)
+    if not signature:
+        return []
+    span = counted_parts(
+        (before, f"{before:,} before the analysis window (from {utc(first)})"),
+        (after, f"{after:,} after it (to {utc(last)})"),
+    )
+    return [
+        (
+            "outside_window",
+            f"Requests loaded outside the analysis window were not judged: {span}. {signature:,}"
+            f" of them {'shows' if signature == 1 else 'show'} the defect's signature (a prefill"
+            " rejection, or a prompt over every"
+            " prefill node's limit, answered): widen [incident] start or end if the exposure"
+            " may reach beyond the window.",
+        )
+    ]

@@ -13,6 +13,8 @@ from __future__ import annotations
 import ipaddress
 from typing import TYPE_CHECKING, Any
 
+from forensics.terminal import counted_parts, plural
+
 if TYPE_CHECKING:
     import duckdb
 
@@ -140,50 +142,48 @@ def overreach_warnings(
     """
     warnings = []
     for ex in rules:
-        found = con.execute(
-            """WITH beyond AS (
+        # Joins, not membership tests in the select list, which Spark plans as nested loops.
+        hits = """WITH beyond AS (
                  SELECT request_id, tenant_id FROM findings_excluded
                  WHERE exclusion = $name AND tenant_id IS NOT NULL
                    AND tenant_id NOT IN (SELECT unnest($tenants))
                ),
-               marked AS (
-                 SELECT tenant_id,
-                        request_id IN (SELECT request_id FROM findings_affected
-                                       WHERE notified_verdict(verdict)) AS affected,
-                        request_id IN (SELECT source_request_id FROM findings_exposures
-                                       WHERE recipient_tenant_id IS DISTINCT FROM source_tenant_id)
-                          AS read
-                 FROM beyond
-               )
-               SELECT count(DISTINCT tenant_id), count(*) FILTER (WHERE affected),
-                      count(*) FILTER (WHERE read),
-                      list(DISTINCT tenant_id ORDER BY tenant_id)[1:5]
-               FROM marked WHERE affected OR read""",
-            {"name": ex.name, "tenants": list(ex.tenant_ids) or [""]},
+               hit AS (
+                 SELECT b.tenant_id, 1 AS affected, 0 AS read
+                 FROM beyond b JOIN findings_affected a ON a.request_id = b.request_id
+                 WHERE notified_verdict(a.verdict)
+                 UNION ALL
+                 SELECT b.tenant_id, 0 AS affected, 1 AS read
+                 FROM beyond b
+                 JOIN (SELECT DISTINCT source_request_id FROM findings_exposures
+                       WHERE recipient_tenant_id IS DISTINCT FROM source_tenant_id) x
+                   ON x.source_request_id = b.request_id
+               )"""
+        args = {"name": ex.name, "tenants": list(ex.tenant_ids) or [""]}
+        found = con.execute(
+            f"{hits} SELECT count(DISTINCT tenant_id), sum(affected), sum(read) FROM hit", args
         ).fetchone()
-        tenants, affected, read, named = found if found else (0, 0, 0, [])
+        tenants, affected, read = (int(v or 0) for v in (found or (0, 0, 0)))
+        named = [
+            r[0]
+            for r in con.execute(
+                f"{hits} SELECT DISTINCT tenant_id FROM hit ORDER BY tenant_id LIMIT 5", args
+            ).fetchall()
+        ]
         if not tenants:
             continue
         some = ", ".join(named) + (", ..." if tenants > len(named) else "")
-        taken = " and ".join(
-            text
-            for n, text in (
-                (affected, f"{affected:,} affected {_plural(affected, 'response')}"),
-                (read, f"{read:,} {_plural(read, 'request')} whose KV another tenant read"),
-            )
-            if n
+        taken = counted_parts(
+            (affected, f"{plural(affected, 'affected response')}"),
+            (read, f"{plural(read, 'request')} whose KV another tenant read"),
         )
         warnings.append(
             (
                 "exclusion_beyond_named_tenants",
-                f"exclusion {ex.name} takes {taken} from {tenants:,} {_plural(tenants, 'tenant')}"
+                f"exclusion {ex.name} takes {taken} from {plural(tenants, 'tenant')}"
                 f" its tenant_ids do not name ({some}): they leave the customer counts and are"
                 " not notified. Check that its other selectors match only the researcher's and"
                 " our own traffic.",
             )
         )
     return warnings
-
-
-def _plural(n: int, word: str) -> str:
-    return word if n == 1 else word + "s"

@@ -88,6 +88,15 @@ def plural(count: int, word: str, many: str | None = None) -> str:
     return f"{count:,} {word if count == 1 else (many or word + 's')}"
 
 
+def counted_parts(*parts: tuple[int, str]) -> str:
+    """The texts whose count is not zero, joined by "and".
+
+    >>> counted_parts((2, "2 before"), (0, "0 after")), counted_parts((1, "a"), (3, "b"))
+    ('2 before', 'a and b')
+    """
+    return " and ".join(text for count, text in parts if count)
+
+
 def utc(value: datetime | None) -> str:
     """An instant as RFC 3339 in UTC, to the microsecond the evidence gives; "not logged" when
     there is none.

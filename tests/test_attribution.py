@@ -80,12 +80,20 @@ TIMELINE = [  # request, tenant, prompt, start, end, victim
 
 
 def build_case(
-    tmp_path, *, decode_snapshot=True, decode_snapshot_at=0, allocation_log=None, exclusion=""
+    tmp_path,
+    *,
+    decode_snapshot=True,
+    decode_snapshot_at=0,
+    allocation_log=None,
+    exclusion="",
+    incident="",
 ):
     manifest = tmp_path / "case.toml"
     manifest.write_text(
         '[incident]\nid = "INC-T"\ncontext_length = 100\n'
-        '[detection]\noverlap_window = "5s"\n' + exclusion
+        + incident
+        + '[detection]\noverlap_window = "5s"\n'
+        + exclusion
     )
     case = load_case(manifest)
     con = connect(case.database)
@@ -421,3 +429,26 @@ def test_replay_in_chunks_finds_what_one_pass_finds(tiny_case_dir, monkeypatch):
     detect_case(con, case)
     assert replayed > 1 and len(whole) > 0
     assert con.execute(query).fetchall() == whole
+
+
+@pytest.mark.parametrize(
+    "start,warned",
+    [
+        (_t(0), None),  # every request inside: nothing to say
+        (
+            _t(7),  # V (t=6), a victim, arrived before it
+            "Requests loaded outside the analysis window were not judged: 4 before the analysis"
+            " window (from 2026-08-28T10:00:01Z). 1 of them shows the defect's signature (a"
+            " prefill rejection, or a prompt over every prefill node's limit, answered): widen"
+            " [incident] start or end if the exposure may reach beyond the window.",
+        ),
+    ],
+)
+def test_a_window_that_leaves_out_the_defects_signature_is_a_warning(tmp_path, start, warned):
+    case, con = build_case(tmp_path, incident=f'start = "{start}"\n')
+    summary = detect_case(con, case)
+    outside = [w for w in summary.warnings if w.startswith("Requests loaded outside")]
+    assert outside == ([warned] if warned else [])
+    # Detection itself judged only the window.
+    affected = {r[0] for r in con.execute("SELECT request_id FROM findings_affected").fetchall()}
+    assert affected == ({"V", "W"} if warned is None else {"W"})

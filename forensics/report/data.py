@@ -43,6 +43,13 @@ EVIDENCE_LIMITS = {
 }
 NOTIFIED = NOTIFIED_VERDICTS  # the verdicts that count as affected, as scoping defines them
 
+# Warnings that may mean a customer goes untold (a false all-clear): they head the summary,
+# under these titles, as well as the methodology's list of warnings.
+ALERTS = {
+    "exclusion_beyond_named_tenants": "An exclusion may hide customers",
+    "outside_window": "The analysis window may be too narrow",
+}
+
 
 def utc(value: Any) -> datetime | None:
     """An aware UTC datetime from a DuckDB value or ISO string (None stays None)."""
@@ -138,6 +145,12 @@ class ReportData:
     quality: dict[str, Any] = field(default_factory=dict)
     # The case-level tunables (forensics.parameters) with the value used and the default.
     tuning: list[dict] = field(default_factory=list)
+
+    @property
+    def alerts(self) -> list[dict]:
+        """The warnings that head the summary (ALERTS), each with its title."""
+        return [{"title": ALERTS[w["code"]], **w} for w in self.warnings if w["code"] in ALERTS]
+
     # Counts over the affected responses and exposures, computed in SQL: the rows themselves
     # stream into the CSVs (forensics.report.csvsql) and the timeline export, so the
     # report costs the same however many requests a signal flagged.
