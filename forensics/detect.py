@@ -126,6 +126,7 @@ class DetectSummary:
     affected: int  # confirmed + likely
     exposures: int
     warnings: list[str] = field(default_factory=list)
+    warning_codes: list[str] = field(default_factory=list)  # each warning's code, in order
     excluded: int = 0  # of the affected: responses to excluded traffic
     # Evidence read in place by this detection (forensics.lake): what a local ingest of the
     # same files would report (an IngestResult), or None when detection read the case database.
@@ -270,6 +271,7 @@ def detect_case(
         affected=sum(verdicts[v] for v in NOTIFIED_VERDICTS),
         exposures=scalar(con, "SELECT count(*) FROM findings_exposures"),
         warnings=[m for _, m in warnings],
+        warning_codes=[c for c, _ in warnings],
         excluded=scalar(
             con,
             "SELECT count(*) FROM findings_affected WHERE excluded_by IS NOT NULL"

@@ -88,6 +88,35 @@ def plural(count: int, word: str, many: str | None = None) -> str:
     return f"{count:,} {word if count == 1 else (many or word + 's')}"
 
 
+def warning_lines(warnings: list[str], codes: list[str], per_code: int = 3) -> list[str]:
+    """The warnings to print, at most ``per_code`` of one kind (a warning per decode rank can
+    run to hundreds), the rest of that kind counted in one line; ``codes`` gives each
+    warning's kind (empty: every warning printed). The report lists every one.
+
+    >>> for line in warning_lines(["r0 drift", "r1 drift", "r2 drift", "no node"],
+    ...                           ["drift", "drift", "drift", "node"], per_code=2):
+    ...     print(line)
+    r0 drift
+    r1 drift
+    ... and 1 more drift warning (every one: report.md, Methodology)
+    no node
+    """
+    if len(codes) != len(warnings):
+        return list(warnings)
+    total: dict[str, int] = {}
+    for code in codes:
+        total[code] = total.get(code, 0) + 1
+    lines, shown = [], dict.fromkeys(total, 0)
+    for warning, code in zip(warnings, codes, strict=True):
+        shown[code] += 1
+        if shown[code] <= per_code:
+            lines.append(warning)
+        if shown[code] == total[code] and total[code] > per_code:
+            more = plural(total[code] - per_code, f"more {code} warning")
+            lines.append(f"... and {more} (every one: report.md, Methodology)")
+    return lines
+
+
 def counted_parts(*parts: tuple[int, str]) -> str:
     """The texts whose count is not zero, joined by "and".
 

@@ -99,3 +99,18 @@ def test_prose_is_one_line_off_a_terminal_and_evidence_is_never_markup(monkeypat
         "no file matches this pattern ([[evidence]] #1, kind requests), [/] :joy:",
         "warning: [red]12 \\x1b[2J",
     ]
+
+
+def test_warnings_of_one_kind_past_three_are_counted_in_one_line():
+    from forensics.terminal import warning_lines
+
+    ranks = [f"d0 rank {r}: drifted" for r in range(5)]
+    lines = warning_lines([*ranks, "no node"], ["replay_drift"] * 5 + ["no_decode_node"])
+    assert lines == [
+        *ranks[:3],
+        "... and 2 more replay_drift warnings (every one: report.md, Methodology)",
+        "no node",
+    ]
+    # Three of a kind, or no kinds given: every warning, as it is.
+    assert warning_lines(ranks[:3], ["replay_drift"] * 3) == ranks[:3]
+    assert warning_lines(ranks, []) == ranks

@@ -40,7 +40,15 @@ def detect(
     from forensics.case import load_case
     from forensics.db import open_case
     from forensics.pipeline import detect_and_scope
-    from forensics.terminal import Col, Grid, Steps, make_console, plural, styled
+    from forensics.terminal import (
+        Col,
+        Grid,
+        Steps,
+        make_console,
+        plural,
+        styled,
+        warning_lines,
+    )
 
     # Options that contradict each other or the manifest are usage errors, before anything.
     chosen = with_engine(load_case(case_path), engine, spark_master, spark_conf, in_place)
@@ -63,7 +71,7 @@ def detect(
         f"{v['possible']:,} possible{excluded if summary.excluded else ''}; "
         f"{plural(summary.exposures, 'exposure')} attributed."
     )
-    for w in summary.warnings:
+    for w in warning_lines(summary.warnings, summary.warning_codes):
         console.print(styled(("warning: ", "yellow"), w))
 
 

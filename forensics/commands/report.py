@@ -239,7 +239,7 @@ def run(
 
     from forensics.case import load_case
     from forensics.pipeline import run_case
-    from forensics.terminal import Steps, make_console
+    from forensics.terminal import Steps, make_console, warning_lines
 
     when = _as_of(as_of)
     check_out(out)
@@ -258,7 +258,7 @@ def run(
     if done.ingested.rows_rejected:
         console.print("Rejected rows are in the rejects table: see `forensics status`.")
     console.print(f"Detection: {detect_line(done.detected)}")
-    _print_warnings(console, done.detected.warnings)
+    _print_warnings(console, warning_lines(done.detected.warnings, done.detected.warning_codes))
     _print_result(console, done.report)
     # Every output is written by now, and the report states what is missing. The same list
     # decides the exit code: a report built on incomplete evidence is not a clean run.
