@@ -259,7 +259,7 @@ def attribute(
     tables: list[Any] = []  # exposures of replayed ranks, as Arrow tables
     temporal_victims: list[str] = []  # no page-level method: every candidate tier
     drifted_victims: list[str] = []  # a replay that drifted: recent releases only
-    unreplayed_on: dict[str, tuple[int, str]] = {}  # node -> victims before its first pool
+    unreplayed_on: dict[str, int] = {}  # node -> victims before its first pool snapshot
     # Ranks in the order the replay streams return them: node, then rank (none first).
     ordered = sorted(groups.items(), key=lambda g: (g[0][0], g[0][1] is not None, g[0][1] or 0))
     methods, first_pool = _choose_methods(con, [key for key, _ in ordered])
@@ -373,8 +373,9 @@ def attribute(
                     )
                 )
         if early and unreplayed:
-            unreplayed_on[node] = (unreplayed_on.get(node, (0, ""))[0] + early, unreplayed)
-    for node, (early, why) in unreplayed_on.items():
+            unreplayed_on[node] = unreplayed_on.get(node, 0) + early
+    for node, early in unreplayed_on.items():
+        why = _before_first_pool(node, first_pool[node])
         result.warnings.append(
             (
                 "temporal_fallback",
