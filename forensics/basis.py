@@ -69,11 +69,7 @@ def _engine_sources(con: duckdb.DuckDBPyConnection, allocation_log: bool) -> str
     """What the sources rest on without the client log, as attribution found it: a tenant only
     where the legs carry a label, and a replay that guessed only where a leg did not count its
     generated tokens (an SGLang decode leg does), so neither is claimed lost when it was not."""
-    unnamed = scalar(
-        con,
-        "SELECT count(DISTINCT source_request_id) FROM findings_exposures"
-        " WHERE source_tenant_id IS NULL",
-    )
+    unnamed = _unnamed_sources(con)
     if not unnamed:
         named = "every source request read carries one"
     elif unnamed == 1:
@@ -170,11 +166,18 @@ def evidence_basis(con: duckdb.DuckDBPyConnection) -> EvidenceBasis:
         c["exploitation"] = (
             "Cannot be assessed: prompt lengths per tenant come from the client request log."
         )
-    elif unknown_tenant_responses:
-        c["recipients"] = (
-            f"{_responses(unknown_tenant_responses)} only engine records, no client record:"
-            " the tenant is unknown (review list)."
-        )
+    else:
+        if unknown_tenant_responses:
+            c["recipients"] = (
+                f"{_responses(unknown_tenant_responses)} only engine records, no client"
+                " record: the tenant is unknown (review list)."
+            )
+        unnamed = _unnamed_sources(con)
+        if unnamed:
+            c["sources"] = (
+                f"{_sources(unnamed)} only engine records, no client record and no tenant"
+                " label: their tenants are unknown, so this count is a floor."
+            )
     if no_legs:
         c["affected"] = (
             "Rests on prompt lengths against the prefill limits (over_pool) and latency:"
@@ -211,6 +214,24 @@ def evidence_basis(con: duckdb.DuckDBPyConnection) -> EvidenceBasis:
             " temporal candidate on the review list and no tenant is notified as a source."
         )
     return basis
+
+
+def _unnamed_sources(con: duckdb.DuckDBPyConnection) -> int:
+    """Source requests read whose tenant no record names."""
+    return scalar(
+        con,
+        "SELECT count(DISTINCT source_request_id) FROM findings_exposures"
+        " WHERE source_tenant_id IS NULL",
+    )
+
+
+def _sources(n: int) -> str:
+    """``n source request(s) read has/have``.
+
+    >>> _sources(1), _sources(3)
+    ('1 source request read has', '3 source requests read have')
+    """
+    return f"{n:,} source request read has" if n == 1 else f"{n:,} source requests read have"
 
 
 def _responses(n: int) -> str:

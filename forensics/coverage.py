@@ -96,3 +96,109 @@ def coverage_statement(
         "engine_only": engine_only,
         "missing_legs": missing_legs,
     }
+
+
+# A client request is a twin of an engine request when both ask for the same prompt length this
+# close in time; a length this long is rare enough that chance twins stay few.
+TWIN_MIN_PROMPT = 1024
+# Client requests with no engine leg whose twins are looked for (the first in time): enough to
+# tell a pattern, bounded whatever the case's size.
+TWIN_SAMPLE = 20_000
+
+
+def keying_warnings(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
+    """A warning when the client log and the engine logs share few requests although they cover
+    the same hours: most successful client requests have no engine leg while about as many
+    engine requests have no client record. Then the logs either name the same requests by
+    different ids (a gateway's own id, not the engine's rid) or are of different traffic. In the
+    first case every response the engines logged is judged twice, once from each side, and the
+    engine-side requests, the sources among them, name no tenant: the recipient and source counts
+    would read as an all-clear they are not. Twins (a client request with no leg and an engine
+    request with no client record of the same prompt length within a minute) tell the two apart.
+    Run after :func:`assess` (it reads ``coverage_unlogged``).
+    """
+    from forensics.sql import first_row
+    from forensics.terminal import plural
+
+    # Joins and filters only: the same statement runs on Spark.
+    overlap = """overlap AS (
+          SELECT greatest(c.lo, e.lo) AS lo, least(c.hi, e.hi) AS hi
+          FROM (SELECT min(received_at) AS lo, max(received_at) AS hi FROM scoped_requests) c,
+               (SELECT min(started_at) AS lo, max(started_at) AS hi FROM engine_legs) e
+        )"""
+    found = first_row(
+        con,
+        f"""WITH {overlap},
+        answered AS (
+          SELECT count(*) AS n FROM scoped_requests r, overlap o
+          WHERE r.http_status BETWEEN 200 AND 299 AND r.received_at BETWEEN o.lo AND o.hi
+        ),
+        unlogged AS (
+          SELECT count(*) AS n FROM coverage_unlogged u, overlap o
+          WHERE NOT u.logged AND u.received_at BETWEEN o.lo AND o.hi
+        ),
+        engine AS (
+          SELECT count(*) AS n FROM engine_requests e, overlap o
+          WHERE e.received_at BETWEEN o.lo AND o.hi
+        )
+        SELECT a.n, u.n, e.n FROM answered a, unlogged u, engine e""",
+    )
+    answered, unlogged, engine = (int(v or 0) for v in (found or (0, 0, 0)))
+    if not answered or not engine or not unlogged:
+        return []
+    twins = first_row(
+        con,
+        f"""WITH {overlap},
+        lone AS (
+          SELECT r.request_id, r.received_at, r.prompt_tokens
+          FROM coverage_unlogged u
+          JOIN scoped_requests r ON r.request_id = u.request_id, overlap o
+          WHERE NOT u.logged AND r.prompt_tokens >= $min_prompt
+            AND u.received_at BETWEEN o.lo AND o.hi
+          ORDER BY r.received_at, r.request_id
+          LIMIT $sample
+        ),
+        twinned AS (
+          SELECT DISTINCT l.request_id
+          FROM lone l
+          JOIN engine_requests e
+            ON e.prompt_tokens = l.prompt_tokens
+           AND e.received_at BETWEEN l.received_at - INTERVAL 1 MINUTE
+                                 AND l.received_at + INTERVAL 1 MINUTE
+        )
+        SELECT count(*), count(t.request_id)
+        FROM lone l LEFT JOIN twinned t ON t.request_id = l.request_id""",
+        {"min_prompt": TWIN_MIN_PROMPT, "sample": TWIN_SAMPLE},
+    )
+    sampled, twinned = (int(v or 0) for v in (twins or (0, 0)))
+    named_apart = twinned >= 20 and twinned * 10 >= sampled
+    few_shared = answered >= 100 and unlogged * 2 >= answered and engine * 2 >= unlogged
+    if not (named_apart or few_shared):
+        return []
+    counts = (
+        f"{unlogged:,} of {answered:,} successful client requests have no engine leg and"
+        f" {plural(engine, 'engine request')} no client record, over the hours both logs cover"
+    )
+    cost = (
+        "a response the engines logged under another id is judged twice, once from each log"
+        " (and counted twice among the affected), and the engine-side requests, the sources"
+        " they read among them, name no tenant: the recipient and source counts are floors,"
+        " not an all-clear. Give the client records the engine's request id (request_id, or"
+        " bootstrap_room) and ingest again."
+    )
+    if named_apart:
+        text = (
+            "The client log and the engine logs name the same requests by different ids:"
+            f" {twinned:,} of {plural(sampled, 'client request')} of at least"
+            f" {TWIN_MIN_PROMPT:,} prompt tokens with no engine leg have an engine request with"
+            f" no client record of the same prompt length within a minute; {counts}. So"
+            f" {cost}"
+        )
+    else:
+        text = (
+            f"The client log and the engine logs share few requests: {counts}. If the engine"
+            " logs are of this traffic, they name its requests by other ids than the client"
+            f" log: {cost} If they are of other traffic (another fleet or model), the client"
+            " requests were judged without the engines' evidence."
+        )
+    return [("logs_keyed_apart", text)]

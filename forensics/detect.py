@@ -26,6 +26,15 @@ if TYPE_CHECKING:
 
     from forensics.case import Case
 
+# Warnings that may mean a customer goes untold (a false all-clear), by code: they come first
+# wherever they were found, and head the report's summary under these titles as well as the
+# methodology's list of warnings.
+ALERTS = {
+    "exclusion_beyond_named_tenants": "An exclusion may hide customers",
+    "outside_window": "The analysis window may be too narrow",
+    "logs_keyed_apart": "The client and engine logs may not name the same requests",
+}
+
 
 @overload
 def default_threshold(pool_tokens: int, context_length: int | None) -> int: ...
@@ -247,8 +256,11 @@ def detect_case(
     exploitation.assess(con, params, evidence)
     step("Log coverage", 2, 4)
     coverage.assess(con, params)
+    warnings += coverage.keying_warnings(con)
     step("Summarising the traffic for the report", 3, 4)
     summary.summarise(con, params)
+    # A warning that may mean a customer goes untold comes first, wherever it was found.
+    warnings.sort(key=lambda w: w[0] not in ALERTS)
     for code, message in warnings:
         con.execute("INSERT INTO findings_warnings VALUES ($c, $m)", {"c": code, "m": message})
     case_values = {

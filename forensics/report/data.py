@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from forensics.detect import ALERTS
 from forensics.report.redact import Redactor
 from forensics.sql import first_row, scalar
 from forensics.status import evidence_outcomes
@@ -42,13 +43,6 @@ EVIDENCE_LIMITS = {
     "tenants": "tenant names and contacts may be missing from the notices",
 }
 NOTIFIED = NOTIFIED_VERDICTS  # the verdicts that count as affected, as scoping defines them
-
-# Warnings that may mean a customer goes untold (a false all-clear): they head the summary,
-# under these titles, as well as the methodology's list of warnings.
-ALERTS = {
-    "exclusion_beyond_named_tenants": "An exclusion may hide customers",
-    "outside_window": "The analysis window may be too narrow",
-}
 
 
 def utc(value: Any) -> datetime | None:
