@@ -361,3 +361,39 @@ def test_decode_leg_starts_when_its_pages_were_allocated(memory_db):
     # The engine's own count of generated tokens, which sizes the allocation in the replay
     # when no client record does.
     assert extra(memory_db, result.evidence_id, "q1")["completion_tokens"] == 8
+
+
+def test_a_schedulers_prefix_gives_the_rank_a_build_logs_nowhere_else(tmp_path, memory_db):
+    # A build that logs no data_parallel_rank in the request and no dp_rank in meta_info: the
+    # scheduler's lines still carry " DP<rank>" in their logging prefix when DP is on.
+    def request(rid: str, prefix: str, own: str = "") -> list[str]:
+        obj = f"GenerateReqInput(rid='{rid}', received_time=1788876120.4, bootstrap_room=7{own})"
+        meta = (
+            f"{{'id': '{rid}', 'finish_reason': {{'type': 'stop'}}, 'prompt_tokens': 2000,"
+            " 'completion_tokens': 8, 'cached_tokens': 0, 'e2e_latency': 2.5}"
+        )
+        return [
+            f"[2026-09-08 14:02:00] Receive: obj={obj}",
+            f"[2026-09-08 14:02:02{prefix}] ReqTimeStats(rid={rid}, bootstrap_room=7,"
+            " input_len=2000, cached_input_len=0, output_len=8, type=decode):"
+            " prealloc_queue_duration(0.50ms) = bootstrap(0.50ms) + alloc_wait(0.00ms);"
+            " transfer_duration=10.00ms; queue_duration=0.00ms, forward_duration=90.00ms,"
+            " start=98765.432",
+            f"[2026-09-08 14:02:02] Finish: obj={obj}, out={{'text': '', 'meta_info': {meta}}}",
+        ]
+
+    log = tmp_path / "decode-3.log"
+    lines = [
+        *request("p1", " DP1 TP0"),  # the prefix alone says the rank
+        *request("p2", " TP0"),  # DP off, or not logged: no rank
+        *request("p3", " DP1 TP0", own=", data_parallel_rank=0"),  # the request's own wins
+        "[2026-09-08 14:03:00 DP12 TP3 EP3] Decode batch, #running-req: 3, #token: 9000",
+    ]
+    log.write_text("\n".join(lines) + "\n")
+    result = ingest_file(memory_db, log, "engine_legs", "sglang", defaults={"role": "decode"})
+    assert (result.rows_loaded, result.rows_rejected) == (3, 1)
+    ranks = memory_db.execute(
+        "SELECT request_id, dp_rank FROM engine_legs WHERE evidence_id = ? ORDER BY request_id",
+        [result.evidence_id],
+    ).fetchall()
+    assert ranks == [("p1", 1), ("p2", None), ("p3", 0)]

@@ -50,6 +50,13 @@ EXPORTER_PREFIX = "sglang-request-metrics-"
 
 # The logging prefix of every engine line: ``[2026-09-08 14:02:00 TP0] message``.
 _PREFIX = r"^\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)(?: [^\]]*)?\]"
+# The data-parallel rank in a scheduler line's logging prefix (``[2026-09-08 14:02:00 DP1
+# TP0]``): SGLang adds `` DP<rank>`` to it when data parallelism is on.
+_DP_IN_PREFIX = r"^\[[^\]]* DP(\d+)[ \]]"
+_PREFIX_DP = (
+    "CASE WHEN __at IS NOT NULL AND contains(left(__kv_line, 64), ' DP') THEN"
+    f" nullif(regexp_extract(left(__kv_line, 64), {sql_str(_DP_IN_PREFIX)}, 1), '') END"
+)
 # A server-info document by keys only SGLang's server arguments have (a canonical snapshot
 # also holds "max_total_num_tokens").
 _SNIFF = re.compile(
@@ -247,6 +254,9 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
         "e2e": f"coalesce({js('e2e')}, {m['e2e']})",
         "done": js("done_ts"),
         "dp": f"coalesce({js('dp')}, {j['dp_obj']}, __rp[4], {m['dp']})",
+        # A scheduler's lines carry its data-parallel rank in their logging prefix ("[time DP1
+        # TP0]"), in builds that log it nowhere else: taken where the request has none.
+        "prefix_dp": _PREFIX_DP,
         "prompt": f"coalesce({js('prompt')}, {m['prompt']}, {head['prompt']}, nullif(__cap.n, ''))",
         "output": f"coalesce({js('output')}, {m['output']}, {head['output']})",
         "cached": f"coalesce({js('cached')}, {m['cached']}, {head['cached']})",
@@ -354,6 +364,7 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
       arg_max(cached, __kv_row) FILTER (WHERE cached IS NOT NULL) AS cached,
       arg_max(room, __kv_row) FILTER (WHERE room IS NOT NULL) AS room,
       arg_max(dp, __kv_row) FILTER (WHERE dp IS NOT NULL) AS dp,
+      arg_max(prefix_dp, __kv_row) FILTER (WHERE prefix_dp IS NOT NULL) AS prefix_dp,
       arg_max(ftype, __kv_row) FILTER (WHERE ftype IS NOT NULL) AS ftype,
       arg_max(fstatus, __kv_row) FILTER (WHERE fstatus IS NOT NULL) AS fstatus,
       arg_min(err, __kv_row) FILTER (WHERE err IS NOT NULL) AS err,
@@ -385,7 +396,7 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
         "reserved_tokens": f"CASE WHEN {decode} AND capacity THEN '0' "
         f"WHEN {decode} THEN prompt END",
         "bootstrap_room": "room",
-        "dp_rank": "dp",
+        "dp_rank": "coalesce(dp, prefix_dp)",
         "finish_type": "coalesce(ftype, CASE WHEN capacity THEN 'abort' END)",
         # An engine answers a request that finished normally with 200; an abort says its code.
         "status_code": "coalesce(fstatus, CASE WHEN ftype IS NOT NULL AND ftype <> 'abort' "
