@@ -213,7 +213,39 @@ def evidence_basis(con: duckdb.DuckDBPyConnection) -> EvidenceBasis:
             "No decode pool size is known, so no allocator can be replayed: every source is a"
             " temporal candidate on the review list and no tenant is notified as a source."
         )
+    else:
+        only = _candidates_only(con)
+        if only:
+            c["sources"] = f"{c['sources']} {only}" if "sources" in c else only
     return basis
+
+
+def _candidates_only(con: duckdb.DuckDBPyConnection) -> str:
+    """How many affected responses have only candidate sources, and why (the three commonest
+    reasons attribution gave): none of those candidates is notified as a source, so a source
+    count that leaves them out must say so. Empty when every response has page-level sources."""
+    rows = con.execute(
+        """SELECT t.note, count(*) AS n, sum(count(*)) OVER () AS total
+           FROM findings_attribution t
+           JOIN findings_affected a ON a.request_id = t.recipient_request_id
+           WHERE notified_verdict(a.verdict) AND t.status = 'candidates'
+           GROUP BY t.note ORDER BY n DESC, t.note LIMIT 3"""
+    ).fetchall()
+    if not rows:
+        return ""
+    total = int(rows[0][2])
+    affected = scalar(
+        con,
+        """SELECT count(DISTINCT t.recipient_request_id) FROM findings_attribution t
+           JOIN findings_affected a ON a.request_id = t.recipient_request_id
+           WHERE notified_verdict(a.verdict)""",
+    )
+    why = "; ".join(f"{note or 'no reason recorded'} ({n:,})" for note, n, _ in rows)
+    return (
+        f"{total:,} of {affected:,} affected responses have candidate sources only, not"
+        " page-level ones, so no tenant they may have read is notified as a source (the"
+        f" candidates are on the review list): {why}."
+    )
 
 
 def _unnamed_sources(con: duckdb.DuckDBPyConnection) -> int:

@@ -125,3 +125,36 @@ def test_without_the_client_log_the_sources_say_what_attribution_found():
         " tokens are unknown without it, so the replayed pool is approximate for 1 affected"
         " response, which also gets nearby releases as review candidates."
     )
+
+
+def test_with_the_client_log_unnamed_and_candidate_only_sources_are_counted():
+    """A client log loaded does not make every source nameable: sources read that have only
+    engine records, and responses whose sources are candidates only, make the source count a
+    floor, and the figure says so with the reasons attribution gave."""
+    con = _db("requests", "engine_legs", "prefill", "decode")
+    con.execute(
+        "INSERT INTO findings_affected (request_id, tenant_id, verdict) VALUES"
+        " ('v1', 't1', 'confirmed'), ('v2', 't1', 'likely'), ('v3', 't1', 'possible')"
+    )
+    status = "INSERT INTO findings_attribution (recipient_request_id, status, note) VALUES"
+    con.execute(f"{status} ('v1', 'complete', NULL)")
+    assert "sources" not in evidence_basis(con).caveats
+    rank = "no dp_rank recorded and the node has several ranks"
+    con.execute(f"{status} ('v2', 'candidates', ?), ('v3', 'candidates', ?)", [rank, rank])
+    assert evidence_basis(con).caveats["sources"] == (
+        "1 of 2 affected responses have candidate sources only, not page-level ones, so no"
+        " tenant they may have read is notified as a source (the candidates are on the review"
+        f" list): {rank} (1)."
+    )
+    con.execute(
+        "INSERT INTO findings_exposures (recipient_request_id, source_request_id,"
+        " source_tenant_id) VALUES ('v1', 's1', 't2'), ('v1', 's2', NULL)"
+    )
+    assert (
+        evidence_basis(con)
+        .caveats["sources"]
+        .startswith(
+            "1 source request read has only engine records, no client record and no tenant label:"
+            " their tenants are unknown, so this count is a floor. 1 of 2 affected responses"
+        )
+    )
