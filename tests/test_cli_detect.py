@@ -233,3 +233,28 @@ def test_the_verdict_reason_names_the_rule_that_applied():
     assert reason("possible", "over_pool_unplaced") == (
         "over_pool_unplaced alone: a reason to look, not proof of exposure"
     )
+
+
+@pytest.mark.parametrize(
+    "cached,expected",
+    [
+        (None, "about 20,000 ms for a prompt this long (flagged below 4,000.0 ms)"),
+        (
+            150_000,
+            "about 20,000 ms for the 100,000 tokens of this prompt not cached"
+            " (flagged below 4,000.0 ms)",
+        ),
+    ],
+)
+def test_the_latency_sentence_names_what_prefill_had_to_compute(cached, expected):
+    from forensics.commands.detect import _signal_sentence
+    from forensics.explain import Explanation
+
+    e = Explanation(
+        request={"prompt_tokens": 250_000, "cached_tokens": cached, "http_status": 200},
+        parameters={"latency_factor": 0.2},
+    )
+    signal = {"signal": "latency_too_good", "value": 520.0, "threshold": 4_000.0}
+    assert _signal_sentence(signal, e) == (
+        "first token after 520.0 ms, where this case's own traffic takes " + expected
+    )

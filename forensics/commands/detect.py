@@ -276,9 +276,15 @@ def _signal_sentence(s: dict[str, Any], e: Explanation) -> str:
         )
     if s["signal"] == "latency_too_good" and threshold:
         factor = e.parameters.get("latency_factor")
+        cached = e.request.get("cached_tokens") or 0
+        # The expectation is for what prefill had to compute: the prompt less its cache hit.
+        what = (
+            f"the {e.request['prompt_tokens'] - cached:,} tokens of this prompt not cached"
+            if cached
+            else "a prompt this long"
+        )
         expected = (
-            f", where this case's own traffic takes about {threshold / factor:,.0f} ms for a "
-            "prompt this long"
+            f", where this case's own traffic takes about {threshold / factor:,.0f} ms for {what}"
             if factor
             else ""
         )
