@@ -105,11 +105,16 @@ def test_each_evidence_kind_removed_keeps_recall(loaded_case, tmp_path, removed)
     assert ev.exclusions_exact
     if removed == "engine_legs":
         # The replay runs from client times: approximate, so it names sources at medium (low
-        # where the replayed pool drifted) and adds candidates only for drifted victims.
-        assert ev.source_tenants.recall >= 0.95, ev.lines()
-        assert ev.source_tenants.precision >= 0.95, ev.lines()
-        assert ev.notified_sources.recall >= 0.95, ev.lines()
-        assert ev.notified_sources.precision >= 0.95, ev.lines()
+        # where the replayed pool drifted) and adds candidates only for drifted victims. Nobody
+        # is told of a leak that did not happen, and every true source is told or on review.
+        assert ev.notified_sources.precision == 1.0, ev.lines()
+        assert ev.source_tenants.recall == 1.0, ev.lines()
+        # How many are told rather than reviewed depends on the traffic: a request allocates at
+        # its arrival in this replay, where the engine holds one that does not fit in its
+        # preallocation queue, so long turns close together drift it (seed 3: 14 of 93 true
+        # sources on review only, 6 wrong candidates beside them).
+        assert ev.notified_sources.recall >= 0.8, ev.lines()
+        assert ev.source_tenants.precision >= 0.9, ev.lines()
     else:
         assert ev.source_tenants.recall == 1.0 or not ev.methods, ev.lines()
 
