@@ -202,3 +202,96 @@ def keying_warnings(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
             " requests were judged without the engines' evidence."
         )
     return [("logs_keyed_apart", text)]
+
+
+# Nodes an unlogged node is named among in one warning; the rest are counted.
+NAMED_NODES = 5
+
+
+def unlogged_node_warnings(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
+    """A warning for each side (prefill, decode) with nodes that served traffic but whose log
+    was not loaded at all: the client log routed successful requests there, or (engine logs
+    alone) the node reported its KV pool while completed prefills have no decode leg anywhere.
+    Coverage counts those requests, but a count of missing legs does not tell a responder which
+    file to fetch, and with no client log the responses such a node served over stale pages
+    stay unresolved leads (``rejection_unresolved``), not notices. A node that reported its
+    pool and served nothing the logs show is not named: a spare is not a gap.
+    Run after :func:`assess` (it reads ``findings_coverage`` and ``coverage_missing_legs``).
+    """
+    from forensics.sql import scalar
+    from forensics.terminal import plural
+
+    rows = con.execute(
+        # Joins and filters only: the same statement runs on Spark.
+        """WITH logged AS (
+             SELECT DISTINCT node, replace(scope, 'engine_legs:', '') AS role
+             FROM findings_coverage WHERE scope LIKE 'engine_legs:%'
+           ),
+           unlogged AS (
+             SELECT role AS side, node FROM coverage_missing_legs WHERE node IS NOT NULL
+             UNION
+             SELECT 'prefill', node FROM pool_snapshots WHERE coalesce(role, 'prefill') = 'prefill'
+             UNION
+             SELECT 'decode', node FROM pool_snapshots WHERE coalesce(role, 'decode') = 'decode'
+           ),
+           routed AS (
+             SELECT role, node, count(*) AS n FROM coverage_missing_legs GROUP BY role, node
+           )
+           SELECT u.side, u.node, coalesce(r.n, 0) AS routed, coalesce(a.n, 0) AS anywhere
+           FROM unlogged u
+           LEFT JOIN logged l ON l.node = u.node AND (l.role = u.side OR l.role = 'unified')
+           LEFT JOIN routed r ON r.role = u.side AND r.node = u.node
+           LEFT JOIN routed a ON a.role = u.side AND a.node IS NULL
+           WHERE l.node IS NULL AND (r.n > 0 OR a.n > 0)
+           ORDER BY routed DESC, u.node"""
+    ).fetchall()
+    unresolved = scalar(
+        con, "SELECT count(*) FROM findings_signals WHERE signal = 'rejection_unresolved'"
+    )
+    out = []
+    for side in ("decode", "prefill"):
+        nodes = [(node, routed, anywhere) for s, node, routed, anywhere in rows if s == side]
+        if not nodes:
+            continue
+        names = ", ".join(node for node, _, _ in nodes[:NAMED_NODES])
+        if len(nodes) > NAMED_NODES:
+            names += f" and {plural(len(nodes) - NAMED_NODES, 'more')}"
+        one = len(nodes) == 1
+        routed = sum(n for _, n, _ in nodes)
+        anywhere = nodes[0][2]
+        evidence = []
+        if routed:
+            evidence.append(
+                f"the client log routed at least {plural(routed, 'successful request')} there"
+            )
+        if anywhere and any(not n for _, n, _ in nodes):
+            evidence.append(
+                f"{'it' if one else 'they'} reported a KV pool while"
+                f" {plural(anywhere, 'engine request')} whose prefill completed"
+                f" {'has' if anywhere == 1 else 'have'} no decode leg anywhere"
+            )
+        if side == "decode":
+            consequence = (
+                "the responses decoded there are judged from the other logs alone, their"
+                " sources attributed from client times where a client record exists and not"
+                " at all where none does"
+            )
+            if unresolved:
+                consequence += (
+                    f"; {plural(unresolved, 'prefill rejection')} of requests with no other"
+                    " record stay unresolved (`possible`, not notified) and may have been"
+                    " answered there"
+                )
+        else:
+            consequence = (
+                "the prompts prefilled there are judged from the other logs alone: a rejection"
+                " logged there, or a prompt cut short on its way to decode, is not seen"
+            )
+        out.append(
+            (
+                "node_unlogged",
+                f"No {side} log was loaded for {names}, though {' and '.join(evidence)}:"
+                f" {consequence}. Load {'its' if one else 'their'} log and detect again.",
+            )
+        )
+    return out

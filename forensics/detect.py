@@ -33,6 +33,7 @@ ALERTS = {
     "exclusion_beyond_named_tenants": "An exclusion may hide customers",
     "outside_window": "The analysis window may be too narrow",
     "logs_keyed_apart": "The client and engine logs may not name the same requests",
+    "node_unlogged": "A node's engine log is missing",
 }
 
 
@@ -257,6 +258,7 @@ def detect_case(
     step("Log coverage", 2, 4)
     coverage.assess(con, params)
     warnings += coverage.keying_warnings(con)
+    warnings += coverage.unlogged_node_warnings(con)
     step("Summarising the traffic for the report", 3, 4)
     summary.summarise(con, params)
     # A warning that may mean a customer goes untold comes first, wherever it was found.
