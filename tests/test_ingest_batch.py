@@ -237,3 +237,21 @@ def test_may_repeat_compares_the_whole_identity(tmp_path):
     # A kind with no identity has no repeats.
     assert may_repeat(con, "pool_snapshots", [1]) is False
     con.close()
+
+
+def test_request_ids_are_stored_uncompressed_and_other_strings_compressed(tmp_path):
+    # Unique per row: compressing them costs ingest and every join on them (schema.UNCOMPRESSED).
+    rows = [dict(r, tenant_id="acct_1") for day in (1, 2, 3) for r in _requests(day, n=9)]
+    ingest_paths(tmp_path / "case.duckdb", [_write(tmp_path / "r.parquet", rows)], "requests")
+    con = connect(tmp_path / "case.duckdb")
+    con.execute("CHECKPOINT")
+    stored = dict(
+        con.execute(
+            "SELECT column_name, string_agg(DISTINCT compression) FROM"
+            " pragma_storage_info('requests') WHERE segment_type = 'VARCHAR'"
+            " AND column_name IN ('request_id', 'tenant_id') GROUP BY column_name"
+        ).fetchall()
+    )
+    con.close()
+    assert stored["request_id"] == "Uncompressed"
+    assert stored["tenant_id"] != "Uncompressed"
