@@ -291,7 +291,15 @@ def unlogged_node_warnings(con: duckdb.DuckDBPyConnection) -> list[tuple[str, st
             (
                 "node_unlogged",
                 f"No {side} log was loaded for {names}, though {' and '.join(evidence)}:"
-                f" {consequence}. Load {'its' if one else 'their'} log and detect again.",
+                f" {consequence}. Load {'its' if one else 'their'} log and detect again"
+                + (
+                    # A client log that names nodes otherwise than the engines (an address
+                    # for a host name) reads the same way: say so rather than assert a loss.
+                    ", or, if it was loaded, give the client records the node names the"
+                    " engine logs use."
+                    if routed
+                    else "."
+                ),
             )
         )
     return out

@@ -101,7 +101,8 @@ def test_a_missing_decode_log_is_named_with_what_the_client_log_routed_there(sim
         "No decode log was loaded for decode-2, though the client log routed at least"
         f" {routed:,} successful requests there: the responses decoded there are judged from"
         " the other logs alone, their sources attributed from client times where a client"
-        " record exists and not at all where none does."
+        " record exists and not at all where none does. Load its log and detect again, or, if"
+        " it was loaded, give the client records the node names the engine logs use."
     )
 
 
