@@ -279,7 +279,7 @@ def unlogged_node_warnings(con: duckdb.DuckDBPyConnection) -> list[tuple[str, st
             if unresolved:
                 consequence += (
                     f"; {plural(unresolved, 'prefill rejection')} of requests with no other"
-                    " record stay unresolved (`possible`, not notified) and may have been"
+                    " record stay unresolved (possible, not notified) and may have been"
                     " answered there"
                 )
         else:

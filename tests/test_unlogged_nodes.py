@@ -80,7 +80,7 @@ def test_a_missing_decode_log_is_named_when_engine_logs_are_all_there_is(simulat
     )
     assert (
         f"; {unresolved:,} prefill rejections of requests with no other record stay unresolved"
-        " (`possible`, not notified) and may have been answered there. Load its log and detect"
+        " (possible, not notified) and may have been answered there. Load its log and detect"
         " again." in message
     )
     # An alert: it comes before the warnings that only qualify a figure.
