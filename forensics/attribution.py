@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from forensics.replay import RankReplay, replay_ranks
+from forensics.replay import NEVER, RankReplay, replay_ranks
 from forensics.replay import ceil_div as _ceil_div
 from forensics.terminal import plural, utc
 from forensics.verdicts import CONFIDENCE_ORDER
@@ -61,6 +61,7 @@ class TimelineRow(NamedTuple):
     source_table: str
     free_at: datetime | None
     size_known: bool  # generated tokens from the client record or the engine's count
+    admit_by: datetime | None  # timed by its arrival: the latest it can have had its pages
 
 
 class Exposure(NamedTuple):
@@ -145,6 +146,20 @@ class PagePool:
         self.free_pages = np.sort(np.concatenate([self.free_pages[self.pos :], *self.released]))
         self.pos = 0
         self.released = []
+
+    def fits(self, n_pages: int) -> bool:
+        """Whether ``n_pages`` pages can be taken now, merging the released pages in if the
+        free list is short (as an allocation would).
+
+        >>> pool = PagePool(pages=4)
+        >>> _ = pool.alloc("a", 3); pool.fits(2)
+        False
+        >>> pool.free("a"); pool.fits(2)
+        True
+        """
+        if n_pages > len(self.free_pages) - self.pos:
+            self._merge()
+        return n_pages <= len(self.free_pages) - self.pos
 
     def alloc(self, key: Any, n_pages: int) -> np.ndarray:
         """Take ``n_pages`` pages for ``key``: the head of the free list, merging if short."""
@@ -553,7 +568,7 @@ _GROUP = "node = $node AND (dp_rank = $rank OR ($rank IS NULL AND dp_rank IS NUL
 
 # One decode rank's timeline as the replay reads it: its requests in allocation order.
 _TIMELINE_COLUMNS = """request_id, tenant_id, prompt_tokens, completion_tokens, source_table,
-                       free_at, size_known"""
+                       free_at, size_known, admit_by"""
 
 
 def replay_events_sql(rank: tuple[str, ...]) -> str:
@@ -631,7 +646,8 @@ class _ReplayStreams:
         # their timeline order, which is request-id order; frees at one instant release their
         # pages together whatever their order, so ``idx`` serves for both.
         self._events = con.sql(
-            f"""SELECT kind, idx, pool_tokens, page_size FROM ({replay_events_sql(("span",))})
+            f"""SELECT kind, idx, pool_tokens, page_size, us
+                FROM ({replay_events_sql(("span",))})
                 ORDER BY span, us, kind, idx"""
         ).to_arrow_table()
         # Where each rank's rows sit in the two tables (same order as the queries).
@@ -706,7 +722,31 @@ def rank_arrays(timeline: Any, events: Any, victims: dict[str, Victim]) -> tuple
         .combine_chunks()
         .to_numpy(zero_copy_only=False),
         pc.fill_null(is_victim, False).combine_chunks().to_numpy(zero_copy_only=False),
+        # A row timed by its client record arrived then; the engine allocated it when its pool
+        # had room (the replay's preallocation queue). An engine leg's time is the allocation.
+        pc.equal(timeline.column("source_table"), "requests")
+        .combine_chunks()
+        .to_numpy(zero_copy_only=False),
+        column(events, "us", np.int64),
+        pc.fill_null(_epoch_us(timeline.column("admit_by")), NEVER)
+        .combine_chunks()
+        .to_numpy(zero_copy_only=False),
     )
+
+
+def _epoch_us(times: Any) -> Any:
+    """Timestamps as microseconds since the epoch (whatever unit they came in: pandas, as
+    Spark hands them over, holds nanoseconds).
+
+    >>> import pyarrow as pa
+    >>> _epoch_us(pa.array([1_500, None], pa.timestamp("ns", tz="UTC"))).to_pylist()
+    [1, None]
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    unit = pa.timestamp("us", tz=getattr(times.type, "tz", None))
+    return pc.cast(pc.cast(times, unit, safe=False), pa.int64())
 
 
 def rank_exposures(
@@ -870,8 +910,9 @@ def _drift_warning(shortfalls: int, guesses: int) -> str | None:
     >>> _drift_warning(0, 0) is None
     True
     >>> print(_drift_warning(1, 0))
-    1 allocation did not fit the replayed pool; the logs are incomplete or the pool was not
-    empty when they begin, so sources are approximate
+    1 allocation did not fit the replayed pool when the logs place it (timed by its arrival,
+    not before its first token); the logs are incomplete or the pool was not empty when they
+    begin, so sources are approximate
     >>> _drift_warning(0, 3).split(",")[0]
     '3 decode legs have no client record and no count of generated tokens'
     """
@@ -880,9 +921,11 @@ def _drift_warning(shortfalls: int, guesses: int) -> str | None:
     warning = None
     if shortfalls:
         warning = (
-            f"{plural(shortfalls, 'allocation')} did not fit the replayed pool; the logs are"
-            " incomplete or the pool was not empty when they begin, so sources are"
-            " approximate"
+            # Timed by its arrival, an allocation may wait for room, but not past its first
+            # token (nor its release).
+            f"{plural(shortfalls, 'allocation')} did not fit the replayed pool when the logs"
+            " place it (timed by its arrival, not before its first token); the logs are"
+            " incomplete or the pool was not empty when they begin, so sources are approximate"
         )
     if guesses:
         # With neither the client record nor the engine's count of a leg's generated tokens,

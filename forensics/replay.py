@@ -14,6 +14,10 @@ walks the same rule a stretch at a time, so the work per rank is a few array ope
   and the stretch's writes are applied afterwards, all at once.
 - A merge gathers the pages of every allocation freed since the previous merge (freed after
   it was made, in event order) and sorts them in with what is left of the list.
+- An allocation timed by its arrival (a client record's time) that the merged list cannot hold
+  waits, as in the engine's preallocation queue: the first later free that makes room is found
+  by a cumulative sum of what each free gives back, and the allocations that arrived before
+  that free are taken after it, in order.
 
 Nothing here knows DuckDB: a rank is a handful of NumPy arrays, so any scheduler (threads
 here, one task per rank elsewhere) can run :func:`replay_rank` as it is. Allocations and
@@ -33,6 +37,8 @@ if TYPE_CHECKING:
 
 # Event kinds, in the order they sort at one instant: a pool (re)start, frees, allocations.
 POOL_START, FREE, ALLOC = 0, 1, 2
+# The admission instant of an allocation no release made room for.
+NEVER = 2**63 - 1
 
 
 @dataclass
@@ -65,6 +71,9 @@ def replay_rank(
     completion_tokens: np.ndarray,
     size_known: np.ndarray,
     victim: np.ndarray,
+    may_wait: np.ndarray | None = None,
+    at: np.ndarray | None = None,
+    admit_by: np.ndarray | None = None,
 ) -> RankReplay:
     """Replay one rank's events through its page pool.
 
@@ -73,6 +82,12 @@ def replay_rank(
         row: per event, the timeline row freed or allocated (ignored for a pool start).
         pool_tokens, page_size: per event, the pool a ``POOL_START`` sets (else ignored).
         prompt_tokens, completion_tokens, size_known, victim: per timeline row.
+        may_wait: per timeline row, whether its allocation's time is its arrival (a client
+            record's), so that a pool too full to hold it makes it wait (the preallocation
+            queue, first in, first out) rather than disagree with the logs. None: no row waits.
+        at, admit_by: per event its instant, and per row the latest instant its allocation
+            agrees with the logs (its first token); an allocation that waited past it counts
+            as a shortfall. None: not checked.
 
     Events before the first pool start have no pool to replay against and are skipped.
 
@@ -92,12 +107,17 @@ def replay_rank(
     found: list[dict[str, np.ndarray]] = []
     states: list[dict[str, np.ndarray]] = []
     shortfalls = guesses = 0
-    rows = _Rows(prompt_tokens, completion_tokens, size_known, victim)
+    rows = _Rows(prompt_tokens, completion_tokens, size_known, victim, may_wait, admit_by)
+    instants = np.zeros(len(kind), dtype=np.int64) if at is None else np.asarray(at, np.int64)
     for s, begin in enumerate(starts):
         end = starts[s + 1] if s + 1 < len(starts) else len(kind)
         size = int(page_size[begin]) or 1
         segment = _Segment(
-            int(pool_tokens[begin]) // size, size, kind[begin + 1 : end], row[begin + 1 : end]
+            int(pool_tokens[begin]) // size,
+            size,
+            kind[begin + 1 : end],
+            row[begin + 1 : end],
+            instants[begin + 1 : end],
         )
         reads, state = segment.replay(rows)
         found.append(reads)
@@ -243,13 +263,25 @@ def serve(given, answer) -> None:
 class _Rows:
     """A rank's timeline rows as the replay needs them."""
 
-    def __init__(self, prompt_tokens, completion_tokens, size_known, victim):
+    def __init__(
+        self, prompt_tokens, completion_tokens, size_known, victim, may_wait=None, admit_by=None
+    ):
         import numpy as np
 
         self.prompt = np.asarray(prompt_tokens, dtype=np.int64)
         self.completion = np.asarray(completion_tokens, dtype=np.int64)
         self.size_known = np.asarray(size_known, dtype=np.bool_)
         self.victim = np.asarray(victim, dtype=np.bool_)
+        self.may_wait = (
+            np.zeros(len(self.prompt), dtype=np.bool_)
+            if may_wait is None
+            else np.asarray(may_wait, dtype=np.bool_)
+        )
+        self.admit_by = (
+            np.full(len(self.prompt), np.iinfo(np.int64).max, dtype=np.int64)
+            if admit_by is None
+            else np.asarray(admit_by, dtype=np.int64)
+        )
 
 
 def _concat(parts: list[dict[str, np.ndarray]], dtypes: dict[str, type]) -> dict:
@@ -275,9 +307,11 @@ def ceil_div(a, b):
 class _Segment:
     """One pool instance: from a pool start to the next (or the end of the rank's events)."""
 
-    def __init__(self, pages: int, page_size: int, kind: np.ndarray, row: np.ndarray):
+    def __init__(
+        self, pages: int, page_size: int, kind: np.ndarray, row: np.ndarray, at: np.ndarray
+    ):
         self.pages, self.page_size = pages, page_size
-        self.kind, self.row = kind, row
+        self.kind, self.row, self.at = kind, row, at
         self.shortfalls = self.guesses = 0
 
     def replay(self, rows: _Rows) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -308,31 +342,74 @@ class _Segment:
         region_of = np.zeros(n_alloc, dtype=np.int64)  # which stretch's slice holds them
         offset = np.zeros(n_alloc, dtype=np.int64)  # where in that slice they start
         short = np.zeros(n_alloc, dtype=np.bool_)
+        # Released while it still waited in the preallocation queue: such an allocation is
+        # admitted late, against the logs, and its pages are never given back.
+        lost = np.zeros(n_alloc, dtype=np.bool_)
+        may_wait = rows.may_wait[owner]
         regions: list[np.ndarray | None] = []
         writer = np.full(self.pages + 1, -1, dtype=np.int64)
         free_list = np.arange(1, self.pages + 1, dtype=np.int64)
         pos = 0
         released_upto = 0  # frees before this index of free_at are merged in already
+        # The queue: an allocation whose time is an arrival, not the engine's allocation, waits
+        # for pages when the pool cannot hold it (SGLang's decode preallocation queue, first in,
+        # first out). ``clock`` is the event position of the free that admitted the last one to
+        # wait; an allocation that arrived before it waited behind.
+        clock = -1
+        admitted_at = 0  # the instant of that free
         reads: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         victims: list[tuple[int, int]] = []  # (allocation, unknown pages)
+
+        def merge(k: int, upto: int) -> None:
+            """Merge the frees before index ``upto`` of free_at into the free list, for
+            allocation ``k`` (an allocation not yet made when its release comes is lost)."""
+            nonlocal free_list, pos, released_upto
+            gone = freed_alloc[released_upto:upto]
+            released_upto = upto
+            early = gone >= k
+            if early.any():
+                lost[gone[early]] = True
+                will_free[gone[early]] = 0
+                gone = gone[~early]
+            parts = [free_list[pos:]] + self._pages_of(gone, regions, region_of, offset, taken)
+            for r, n in zip(*np.unique(region_of[gone], return_counts=True), strict=True):
+                pending[r] -= int(n)
+                if not pending[r]:
+                    regions[r] = None
+            # Sorted runs (the rest of the list, each allocation's slice): a stable sort
+            # (timsort) merges runs in near-linear time.
+            free_list, pos = np.sort(np.concatenate(parts), kind="stable"), 0
+
+        def admission(k: int, deficit: int) -> int:
+            """The index into free_at of the first free after those merged that leaves room
+            for ``deficit`` more pages, or len(free_at) when none does."""
+            start, window = released_upto, 256
+            gained = 0
+            while start < len(free_at):
+                gone = freed_alloc[start : start + window]
+                # (An allocation not yet made has taken nothing: its release frees nothing.)
+                sums = gained + np.cumsum(taken[gone])
+                hit = int(np.searchsorted(sums, deficit))
+                if hit < len(sums):
+                    return start + hit
+                gained, start, window = int(sums[-1]), start + window, window * 4
+            return len(free_at)
+
         k = 0
         while k < n_alloc:
             if want[k] > len(free_list) - pos:
-                # The free list is short: merge what was freed before this allocation.
-                upto = int(np.searchsorted(free_at, alloc_at[k]))
-                gone = freed_alloc[released_upto:upto]
-                released_upto = upto
-                parts = [free_list[pos:]] + self._pages_of(gone, regions, region_of, offset, taken)
-                for r, n in zip(*np.unique(region_of[gone], return_counts=True), strict=True):
-                    pending[r] -= int(n)
-                    if not pending[r]:
-                        regions[r] = None
-                # Sorted runs (the rest of the list, each allocation's slice): a stable sort
-                # (timsort) merges runs in near-linear time.
-                free_list, pos = np.sort(np.concatenate(parts), kind="stable"), 0
+                # The free list is short: merge what was freed before this allocation (or
+                # before the free that admitted the one it waited behind).
+                merge(k, int(np.searchsorted(free_at, max(alloc_at[k], clock), side="right")))
+                if want[k] > len(free_list) and may_wait[k]:
+                    # It waits until enough is freed, and what arrives meanwhile waits behind.
+                    j = admission(k, int(want[k]) - len(free_list))
+                    merge(k, j + 1)
+                    clock = int(free_at[j]) if j < len(free_at) else len(self.kind)
+                    # Admitted at that free's instant (never, if no free makes room).
+                    admitted_at = int(self.at[clock]) if clock < len(self.kind) else NEVER
                 if want[k] > len(free_list):
                     short[k] = True
-                    self.shortfalls += 1
             # The stretch: allocation k (it fits now, or takes what is left) and every later
             # one that fits in what remains of this free list.
             first = min(int(want[k]), len(free_list) - pos)
@@ -355,6 +432,15 @@ class _Segment:
             offset[k:stop] = ends - sizes - pos
             region_of[k:stop] = len(regions)
             region = free_list[pos : int(ends[-1])]
+            # Against the logs: an allocation released before it was admitted, one admitted
+            # after its first token, or one the engine logged at its own time held behind an
+            # arrival that waited.
+            behind = alloc_at[k:stop] < clock
+            short[k:stop] |= (
+                lost[k:stop]
+                | (behind & ~may_wait[k:stop])
+                | (behind & ((admitted_at == NEVER) | (admitted_at > rows.admit_by[owner[k:stop]])))
+            )
             pending.append(int(will_free[k:stop].sum()))
             regions.append(region if pending[-1] else None)
             pos = int(ends[-1])
@@ -364,6 +450,7 @@ class _Segment:
                 victims.append((int(v), unknown))
             self._write(region, members, sizes, owner, rows, writer)
             k = stop
+        self.shortfalls += int(short.sum())
         self.guesses += int((~rows.size_known[owner]).sum())
         # Drift before an allocation: an earlier one of this pool did not fit or was a guess.
         guessed = ~rows.size_known[owner]

@@ -79,6 +79,33 @@ TIMELINE = [  # request, tenant, prompt, start, end, victim
 ]
 
 
+def pool_snapshots(decode_at: int | None = 0) -> list[dict]:
+    """The prefill node's limit (16 tokens) and, unless ``decode_at`` is None, the decode
+    node's pool (10 pages of 4 tokens) from that second."""
+    snaps = [
+        {
+            "node": "p0",
+            "observed_at": _t(0),
+            "role": "prefill",
+            "max_total_num_tokens": 22,
+            "max_req_input_len": 16,
+            "context_length": 100,
+        }
+    ]
+    if decode_at is not None:
+        snaps.append(
+            {
+                "node": "d0",
+                "observed_at": _t(decode_at),
+                "role": "decode",
+                "max_total_num_tokens": 40,
+                "page_size": 4,
+                "dp_size": 1,
+            }
+        )
+    return snaps
+
+
 def build_case(
     tmp_path,
     *,
@@ -105,27 +132,7 @@ def build_case(
     insert_rows(
         con, "engine_legs", [leg for r, _t2, p, s, e, v in TIMELINE for leg in _legs(r, p, s, e, v)]
     )
-    snaps = [
-        {
-            "node": "p0",
-            "observed_at": _t(0),
-            "role": "prefill",
-            "max_total_num_tokens": 22,
-            "max_req_input_len": 16,
-            "context_length": 100,
-        }
-    ]
-    if decode_snapshot:
-        snaps.append(
-            {
-                "node": "d0",
-                "observed_at": _t(decode_snapshot_at),
-                "role": "decode",
-                "max_total_num_tokens": 40,
-                "page_size": 4,
-                "dp_size": 1,
-            }
-        )
+    snaps = pool_snapshots(decode_at=decode_snapshot_at if decode_snapshot else None)
     insert_rows(con, "pool_snapshots", snaps)
     if allocation_log:
         insert_rows(con, "kv_allocations", allocation_log)
@@ -169,6 +176,36 @@ def test_allocator_replay_names_every_writer_and_the_repeat_leak(tmp_path):
         ("W", "A", "ta", "allocator_replay", 8, "high"),
         ("W", "B", "tb", "allocator_replay", 8, "high"),
     ]
+
+
+@pytest.mark.parametrize("first_token", [12, 5], ids=["waited", "answered-before-room"])
+def test_a_client_timed_request_waits_for_room_but_not_past_its_first_token(tmp_path, first_token):
+    # Client records alone. A decode pool of 10 pages of 4 tokens; A (12 + 20 tokens, 8 pages)
+    # holds it from 1 to 10. V (prompt 20 over the prefill limit of 16, 6 pages) arrives at 2:
+    # the engine held it until A's release made room, then V took pages 1-6 and read A's KV in
+    # pages 2-5. Had its first token come at 5, before any room, the replay would disagree with
+    # the logs: its source stays a candidate at a lower confidence, and the rank is warned of.
+    manifest = tmp_path / "case.toml"
+    manifest.write_text('[incident]\nid = "INC-Q"\ncontext_length = 100\n')
+    case = load_case(manifest)
+    con = connect(case.database)
+    insert_rows(
+        con,
+        "requests",
+        [
+            _request("A", "ta", 12, 1, 10, completion=20, ttft=None, first_token_at=_t(1)),
+            _request("V", "tv", 20, 2, 14, completion=2, ttft=None, first_token_at=_t(first_token)),
+        ],
+    )
+    insert_rows(con, "pool_snapshots", pool_snapshots(decode_at=0))
+    summary = detect_case(con, case)
+    found = exposures(con)
+    if first_token == 12:
+        assert found == [("V", "A", "ta", "allocator_replay", 16, "medium")]
+        assert not any("did not fit" in w for w in summary.warnings)
+    else:
+        assert ("V", "A", "ta", "allocator_replay", 16, "low") in found
+        assert any("did not fit the replayed pool" in w for w in summary.warnings)
 
 
 @pytest.mark.parametrize("decode_snapshot", [True, False], ids=["replay", "temporal"])

@@ -9,30 +9,35 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from forensics.attribution import PagePool, _ceil_div, stale_read, unknown_stale_pages
-from forensics.replay import ALLOC, FREE, POOL_START, replay_rank
+from forensics.replay import ALLOC, FREE, NEVER, POOL_START, replay_rank
 
 
-def walk_events(kind, row, pool_tokens, page_size, prompt, completion, client, victim):
-    """The rule event by event with PagePool: the specification the array replay must meet."""
+def walk_events(
+    kind, row, pool_tokens, page_size, prompt, completion, client, victim, wait, at, admit_by
+):
+    """The rule event by event with PagePool: the specification the array replay must meet.
+
+    An allocation timed by its arrival (``wait``) that the pool cannot hold waits in a queue,
+    first in, first out, and everything that arrives after it waits behind it; the queue is
+    served after every free. Against the logs (a shortfall): an allocation the pool could not
+    hold that may not wait, one that may not wait but was held behind the queue, one admitted
+    after ``admit_by`` (its first token), and one whose release came while it waited (its pages
+    are then never given back). A pool's restart, or the end of the events, admits what still
+    waits with what is left, never in time.
+    """
     pool = None
     size = 1
     reads, states = set(), []
     shortfalls = guesses = 0
-    for k, r, tokens, new_size in zip(kind, row, pool_tokens, page_size, strict=True):
-        if k == POOL_START:
-            if pool is not None:
-                shortfalls, guesses = shortfalls + pool.shortfalls, guesses + pool.guesses
-            size = new_size
-            pool = PagePool(tokens // size)
-            continue
-        if pool is None:
-            continue
-        if k == FREE:
-            pool.free(r)
-            continue
+    queue: list[int] = []
+    lost: set[int] = set()
+
+    def admit(r: int, held_back: bool, late: bool = False) -> None:
         drifted_before = bool(pool.shortfalls or pool.guesses)
         before = pool.shortfalls
         pages = pool.alloc(r, _ceil_div(prompt[r] + completion[r], size))
+        if (held_back or late or r in lost) and pool.shortfalls == before:
+            pool.shortfalls += 1
         if not client[r]:
             pool.guesses += 1
         own_short = pool.shortfalls > before
@@ -43,7 +48,42 @@ def walk_events(kind, row, pool_tokens, page_size, prompt, completion, client, v
                 reads.add((r, writer, n * size))
         else:
             pool.writer[pages] = r
+
+    def serve(instant: int | None) -> None:
+        """Admit what the pool can hold now (at ``instant``; None: everything, never in time)."""
+        while queue:
+            r = queue[0]
+            fits = pool.fits(_ceil_div(prompt[r] + completion[r], size))
+            if not fits and wait[r] and instant is not None:
+                return
+            queue.pop(0)
+            admit(r, held_back=not wait[r], late=instant is None or instant > admit_by[r])
+
+    for k, r, tokens, new_size, t in zip(kind, row, pool_tokens, page_size, at, strict=True):
+        if k == POOL_START:
+            if pool is not None:
+                serve(None)
+                shortfalls, guesses = shortfalls + pool.shortfalls, guesses + pool.guesses
+            size = new_size
+            pool = PagePool(tokens // size)
+            lost.clear()
+            continue
+        if pool is None:
+            continue
+        if k == FREE:
+            if r in queue:
+                lost.add(r)
+            pool.free(r)
+            serve(t)
+            continue
+        if queue:
+            queue.append(r)
+        elif wait[r] and not pool.fits(_ceil_div(prompt[r] + completion[r], size)):
+            queue.append(r)
+        else:
+            admit(r, held_back=False)
     if pool is not None:
+        serve(None)
         shortfalls, guesses = shortfalls + pool.shortfalls, guesses + pool.guesses
     return reads, states, shortfalls, guesses
 
@@ -60,6 +100,14 @@ def ranks(draw):
     if draw(st.booleans()):
         client = draw(st.lists(st.booleans(), min_size=n_rows, max_size=n_rows))
     victim = draw(st.lists(st.booleans(), min_size=n_rows, max_size=n_rows))
+    # Rows timed by their arrival wait for room: none, all (client times alone) or some.
+    wait = draw(
+        st.one_of(
+            st.just([False] * n_rows),
+            st.just([True] * n_rows),
+            st.lists(st.booleans(), min_size=n_rows, max_size=n_rows),
+        )
+    )
     events = [(draw(st.integers(0, 3)), POOL_START, -1)]
     for r in range(n_rows):
         at = draw(st.integers(0, 100))
@@ -76,18 +124,38 @@ def ranks(draw):
     row = [max(e[2], 0) for e in events]
     pool_tokens = [draw(st.integers(8, 400)) if k == POOL_START else 0 for k in kind]
     page_size = [draw(st.sampled_from([1, 2, 4])) if k == POOL_START else 0 for k in kind]
-    return kind, row, pool_tokens, page_size, prompt, completion, client, victim
+    at = [e[0] for e in events]
+    # The first token: unknown, or some time after the arrival (a long wait runs past it).
+    admit_by = [draw(st.one_of(st.just(NEVER), st.integers(0, 140))) for _ in range(n_rows)]
+    return (
+        kind,
+        row,
+        pool_tokens,
+        page_size,
+        prompt,
+        completion,
+        client,
+        victim,
+        wait,
+        at,
+        admit_by,
+    )
 
 
 @settings(max_examples=400, deadline=None)
 @given(ranks())
 def test_array_replay_matches_the_event_walk(history):
-    kind, row, pool_tokens, page_size, prompt, completion, client, victim = history
+    kind, row, pool_tokens, page_size, prompt, completion, client, victim, wait, at, admit_by = (
+        history
+    )
     reads, states, shortfalls, guesses = walk_events(*history)
     out = replay_rank(
         *(np.array(v, dtype=np.int64) for v in history[:6]),
         np.array(client, dtype=bool),
         np.array(victim, dtype=bool),
+        np.array(wait, dtype=bool),
+        np.array(at, dtype=np.int64),
+        np.array(admit_by, dtype=np.int64),
     )
     got = set(zip(*(out.reads[c].tolist() for c in ("victim", "writer", "tokens")), strict=True))
     assert got == reads
@@ -119,6 +187,73 @@ def test_a_victim_reads_the_writers_of_pages_freed_before_it():
     ]
     assert out.victims["unknown_pages"].tolist() == [1]
     assert out.victims["drifted"].tolist() == [False]
+
+
+def queued_rank(wait: bool, first_token: int = NEVER):
+    """Pool of 10 pages. A (8 pages) arrives at 0, then V (a victim wanting 5) at 1, then C
+    (1 page) at 2; A is released at 10, then V and C. Timed by arrival, V and C wait for A's
+    pages; V's first token came at ``first_token``."""
+    kind = [POOL_START, ALLOC, ALLOC, ALLOC, FREE, FREE, FREE]
+    row = [0, 0, 1, 2, 0, 1, 2]
+    return replay_rank(
+        np.array(kind),
+        np.array(row),
+        np.array([10, 0, 0, 0, 0, 0, 0]),
+        np.ones(7, dtype=int),
+        prompt_tokens=np.array([8, 4, 1]),
+        completion_tokens=np.array([0, 1, 0]),
+        size_known=np.ones(3, dtype=bool),
+        victim=np.array([False, True, False]),
+        may_wait=np.full(3, wait),
+        at=np.array([0, 0, 1, 2, 10, 20, 30]),
+        admit_by=np.array([NEVER, first_token, NEVER]),
+    )
+
+
+def test_an_arrival_the_pool_cannot_hold_waits_for_pages_freed_after_it():
+    # Waiting: A's release merges pages 1-10 back and V takes 1-5, reading A's pages 2-4.
+    # C arrived while V waited, so it waits behind it (first in, first out) and takes page 6.
+    out = queued_rank(wait=True, first_token=12)
+    assert sorted(zip(out.reads["writer"].tolist(), out.reads["tokens"].tolist(), strict=True)) == [
+        (0, 3)
+    ]
+    assert out.victims["drifted"].tolist() == [False]
+    assert out.shortfalls == 0
+    # Not waiting (an engine leg's time is its allocation): V takes pages 9-10 only, short, and
+    # the replay has drifted from the logs.
+    out = queued_rank(wait=False)
+    assert out.victims["drifted"].tolist() == [True]
+    assert out.shortfalls >= 1
+
+
+def test_a_wait_past_the_first_token_is_against_the_logs():
+    # V's first token came at 5, before A's release at 10 made room: the engine cannot have
+    # held it that long, so the replay disagrees with the logs and V's sources are approximate.
+    out = queued_rank(wait=True, first_token=5)
+    assert out.shortfalls == 1
+    assert out.victims["drifted"].tolist() == [True]
+
+
+def test_an_arrival_released_before_the_pool_could_hold_it_is_against_the_logs():
+    # Pool of 4 pages: A holds 3; B (3 pages, waits) is released at once, before A is: it
+    # finished before it could have had its pages, so the replay admits it late and counts the
+    # disagreement. B's pages are never given back, so V (2 pages) then finds 1: short too,
+    # and drifted.
+    kind = [POOL_START, ALLOC, ALLOC, FREE, FREE, ALLOC]
+    row = [0, 0, 1, 1, 0, 2]
+    out = replay_rank(
+        np.array(kind),
+        np.array(row),
+        np.array([4, 0, 0, 0, 0, 0]),
+        np.ones(6, dtype=int),
+        prompt_tokens=np.array([3, 3, 2]),
+        completion_tokens=np.zeros(3, dtype=int),
+        size_known=np.ones(3, dtype=bool),
+        victim=np.array([False, False, True]),
+        may_wait=np.ones(3, dtype=bool),
+    )
+    assert out.shortfalls == 2
+    assert out.victims["drifted"].tolist() == [True]
 
 
 def test_an_ordinary_rank_reads_nothing():

@@ -21,6 +21,12 @@ SELECT r.request_id, r.tenant_id,
        coalesce(r.completion_tokens, 0) AS completion_tokens,
        CASE WHEN l.client_request_id IS NULL THEN 'requests' ELSE 'engine_legs' END
          AS source_table,
+       -- Timed by its arrival, the allocation may have waited for room, but not past the first
+       -- token the client received (decode sends it once the KV it allocated for has come).
+       CASE WHEN l.client_request_id IS NULL
+            THEN coalesce(r.first_token_at,
+                          r.received_at + to_microseconds(CAST(r.ttft_ms * 1000 AS BIGINT)))
+       END AS admit_by,
        -- The allocation's size is known: the generated tokens come from the client record, or
        -- from the engine's own count when it has none.
        r.client_record OR r.completion_tokens IS NOT NULL AS size_known
