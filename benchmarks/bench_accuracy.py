@@ -6,6 +6,8 @@ private copy of the database with some evidence removed:
 - ``legs``: everything but the allocation log (allocator replay over engine legs);
 - ``log``: everything (allocation log: exact);
 - ``client``: no engine legs (replay over client times);
+- ``decode10``: a tenth of the decode legs lost (a rank's replay mixes engine and client
+  times);
 - ``temporal``: no decode pool snapshots (temporal candidates only);
 - ``lost10``: a tenth of the client records lost (their legs stay);
 - ``engine``: no client records at all (engine records alone).
@@ -32,6 +34,10 @@ MODES = {
     "legs": ["DELETE FROM kv_allocations"],
     "log": [],
     "client": ["DELETE FROM kv_allocations", "DELETE FROM engine_legs"],
+    "decode10": [
+        "DELETE FROM kv_allocations",
+        "DELETE FROM engine_legs WHERE role = 'decode' AND hash(request_id) % 10 = 0",
+    ],
     "temporal": [
         "DELETE FROM kv_allocations",
         "DELETE FROM pool_snapshots WHERE coalesce(role, 'decode') = 'decode'",
