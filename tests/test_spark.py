@@ -56,22 +56,27 @@ def _run(case: Path, out: Path, *engine: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "simulated",
+    ("simulated", "removed"),
     [
         # Client log, engine legs, pool snapshots, tenants and the decode allocation log,
         # with a customer probing the limit: every kind of evidence, exact attribution.
-        ("canonical", "--kv-allocations", "--probers", "binary_search"),
+        (("canonical", "--kv-allocations", "--probers", "binary_search"), ()),
         # SGLang's own logs only: engine requests with no client record, replayed pools.
-        ("sglang",),
+        (("sglang",), ()),
+        # The decode legs lost: pools replayed from client times, where a request the pool
+        # cannot hold waits for room (its exposures differ from a replay without the wait).
+        (("canonical",), ("evidence/engine_legs-decode.parquet",)),
     ],
-    ids=["every-kind", "engine-logs-only"],
+    ids=["every-kind", "engine-logs-only", "decode-legs-lost"],
 )
-def test_spark_writes_the_outputs_duckdb_writes(spark, tmp_path, simulated, monkeypatch):
+def test_spark_writes_the_outputs_duckdb_writes(spark, tmp_path, simulated, removed, monkeypatch):
     # Findings come back in pieces of 40 rows here (100,000 in use), so every large table is
     # copied in several: the outputs do not depend on how it was cut.
     monkeypatch.setattr("forensics.sparkerrors.PIECE_ROWS", 40)
     fmt, *extra = simulated
     case = _simulate(tmp_path / "case", "--requests", "3000", "--format", fmt, *extra)
+    for name in removed:
+        (case / name).unlink()
     _run(case, tmp_path / "duckdb")
     _run(case, tmp_path / "spark", "--engine", "spark", "--spark-master", "local[2]")
     affected = (tmp_path / "duckdb" / "affected_responses.csv").read_text().splitlines()
