@@ -28,7 +28,7 @@ most once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -278,7 +278,7 @@ class _Rows:
             else np.asarray(may_wait, dtype=np.bool_)
         )
         self.admit_by = (
-            np.full(len(self.prompt), np.iinfo(np.int64).max, dtype=np.int64)
+            np.full(len(self.prompt), NEVER, dtype=np.int64)
             if admit_by is None
             else np.asarray(admit_by, dtype=np.int64)
         )
@@ -302,6 +302,31 @@ def ceil_div(a, b):
     (3, 2, 0)
     """
     return -(-a // b)
+
+
+def _leading(
+    values: Callable, start: int, end: int, limit: int, side: Literal["left", "right"]
+) -> int:
+    """How many values from ``start`` (before ``end``) keep their running sum at most
+    ``limit`` (``side`` "right") or below it ("left"); ``values(a, b)`` gives those from a to b.
+    Read in growing windows: the answer is usually a few hundred values on, in a list of
+    millions.
+
+    >>> import numpy as np
+    >>> sizes = np.array([3, 4, 5, 6])
+    >>> [_leading(lambda a, b: sizes[a:b], 0, 4, 7, side) for side in ("right", "left")]
+    [2, 1]
+    """
+    import numpy as np
+
+    total, at, window = 0, start, 256
+    while at < end:
+        sums = total + np.cumsum(values(at, min(at + window, end)))
+        n = int(np.searchsorted(sums, limit, side=side))
+        if n < len(sums):
+            return at + n - start
+        total, at, window = int(sums[-1]), at + window, window * 4
+    return end - start
 
 
 class _Segment:
@@ -380,20 +405,13 @@ class _Segment:
             # (timsort) merges runs in near-linear time.
             free_list, pos = np.sort(np.concatenate(parts), kind="stable"), 0
 
-        def admission(k: int, deficit: int) -> int:
+        def admission(deficit: int) -> int:
             """The index into free_at of the first free after those merged that leaves room
-            for ``deficit`` more pages, or len(free_at) when none does."""
-            start, window = released_upto, 256
-            gained = 0
-            while start < len(free_at):
-                gone = freed_alloc[start : start + window]
-                # (An allocation not yet made has taken nothing: its release frees nothing.)
-                sums = gained + np.cumsum(taken[gone])
-                hit = int(np.searchsorted(sums, deficit))
-                if hit < len(sums):
-                    return start + hit
-                gained, start, window = int(sums[-1]), start + window, window * 4
-            return len(free_at)
+            for ``deficit`` more pages, or len(free_at) when none does. (An allocation not yet
+            made has taken nothing: its release frees nothing.)"""
+            return released_upto + _leading(
+                lambda a, b: taken[freed_alloc[a:b]], released_upto, len(free_at), deficit, "left"
+            )
 
         k = 0
         while k < n_alloc:
@@ -403,7 +421,7 @@ class _Segment:
                 merge(k, int(np.searchsorted(free_at, max(alloc_at[k], clock), side="right")))
                 if want[k] > len(free_list) and may_wait[k]:
                     # It waits until enough is freed, and what arrives meanwhile waits behind.
-                    j = admission(k, int(want[k]) - len(free_list))
+                    j = admission(int(want[k]) - len(free_list))
                     merge(k, j + 1)
                     clock = int(free_at[j]) if j < len(free_at) else len(self.kind)
                     # Admitted at that free's instant (never, if no free makes room).
@@ -415,16 +433,8 @@ class _Segment:
             first = min(int(want[k]), len(free_list) - pos)
             room = len(free_list) - pos - first
             stop = k + 1
-            if room and stop < n_alloc:
-                # Look ahead in growing windows: a stretch is usually hundreds of allocations.
-                window = 256
-                while True:
-                    sums = np.cumsum(want[stop : stop + window])
-                    fit = int(np.searchsorted(sums, room, side="right"))
-                    if fit < len(sums) or stop + window >= n_alloc:
-                        stop += fit
-                        break
-                    window *= 4
+            if room:
+                stop += _leading(lambda a, b: want[a:b], stop, n_alloc, room, "right")
             sizes = want[k:stop].copy()
             sizes[0] = first
             ends = pos + np.cumsum(sizes)
@@ -435,11 +445,9 @@ class _Segment:
             # Against the logs: an allocation released before it was admitted, one admitted
             # after its first token, or one the engine logged at its own time held behind an
             # arrival that waited.
-            behind = alloc_at[k:stop] < clock
-            short[k:stop] |= (
-                lost[k:stop]
-                | (behind & ~may_wait[k:stop])
-                | (behind & ((admitted_at == NEVER) | (admitted_at > rows.admit_by[owner[k:stop]])))
+            late = (admitted_at == NEVER) | (admitted_at > rows.admit_by[owner[k:stop]])
+            short[k:stop] |= lost[k:stop] | (
+                (alloc_at[k:stop] < clock) & (~may_wait[k:stop] | late)
             )
             pending.append(int(will_free[k:stop].sum()))
             regions.append(region if pending[-1] else None)

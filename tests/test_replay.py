@@ -166,21 +166,29 @@ def test_array_replay_matches_the_event_walk(history):
     assert (out.shortfalls, out.guesses) == (shortfalls, guesses)
 
 
+def one_pool(pages: int, kind, row, prompt, completion, victim, **extra):
+    """Replay one pool of ``pages`` one-token pages, started by the first event, every size
+    known: the rank of a hand-written test."""
+    n = len(kind)
+    return replay_rank(
+        np.array(kind),
+        np.array(row),
+        np.array([pages] + [0] * (n - 1)),
+        np.ones(n, dtype=int),
+        prompt_tokens=np.array(prompt),
+        completion_tokens=np.array(completion),
+        size_known=np.ones(len(prompt), dtype=bool),
+        victim=np.array(victim, dtype=bool),
+        **extra,
+    )
+
+
 def test_a_victim_reads_the_writers_of_pages_freed_before_it():
     # Pool of 10 pages. A takes 1-3, B 4-6, both freed; V needs 8 pages: 4 are left, so the
     # list is merged (1-10) and V takes 1-8: pages 2-3 were A's, 4-6 B's, 7 never written.
     kind = [POOL_START, ALLOC, ALLOC, FREE, FREE, ALLOC]
     row = [0, 0, 1, 0, 1, 2]
-    out = replay_rank(
-        np.array(kind),
-        np.array(row),
-        np.array([10, 0, 0, 0, 0, 0]),
-        np.ones(6, dtype=int),
-        prompt_tokens=np.array([3, 3, 7]),
-        completion_tokens=np.array([0, 0, 1]),
-        size_known=np.ones(3, dtype=bool),
-        victim=np.array([False, False, True]),
-    )
+    out = one_pool(10, kind, row, [3, 3, 7], [0, 0, 1], [False, False, True])
     assert sorted(zip(out.reads["writer"].tolist(), out.reads["tokens"].tolist(), strict=True)) == [
         (0, 2),
         (1, 3),
@@ -195,15 +203,13 @@ def queued_rank(wait: bool, first_token: int = NEVER):
     pages; V's first token came at ``first_token``."""
     kind = [POOL_START, ALLOC, ALLOC, ALLOC, FREE, FREE, FREE]
     row = [0, 0, 1, 2, 0, 1, 2]
-    return replay_rank(
-        np.array(kind),
-        np.array(row),
-        np.array([10, 0, 0, 0, 0, 0, 0]),
-        np.ones(7, dtype=int),
-        prompt_tokens=np.array([8, 4, 1]),
-        completion_tokens=np.array([0, 1, 0]),
-        size_known=np.ones(3, dtype=bool),
-        victim=np.array([False, True, False]),
+    return one_pool(
+        10,
+        kind,
+        row,
+        [8, 4, 1],
+        [0, 1, 0],
+        [False, True, False],
         may_wait=np.full(3, wait),
         at=np.array([0, 0, 1, 2, 10, 20, 30]),
         admit_by=np.array([NEVER, first_token, NEVER]),
@@ -241,17 +247,7 @@ def test_an_arrival_released_before_the_pool_could_hold_it_is_against_the_logs()
     # and drifted.
     kind = [POOL_START, ALLOC, ALLOC, FREE, FREE, ALLOC]
     row = [0, 0, 1, 1, 0, 2]
-    out = replay_rank(
-        np.array(kind),
-        np.array(row),
-        np.array([4, 0, 0, 0, 0, 0]),
-        np.ones(6, dtype=int),
-        prompt_tokens=np.array([3, 3, 2]),
-        completion_tokens=np.zeros(3, dtype=int),
-        size_known=np.ones(3, dtype=bool),
-        victim=np.array([False, False, True]),
-        may_wait=np.ones(3, dtype=bool),
-    )
+    out = one_pool(4, kind, row, [3, 3, 2], [0, 0, 0], [False, False, True], may_wait=[1, 1, 1])
     assert out.shortfalls == 2
     assert out.victims["drifted"].tolist() == [True]
 
@@ -259,16 +255,7 @@ def test_an_arrival_released_before_the_pool_could_hold_it_is_against_the_logs()
 def test_an_ordinary_rank_reads_nothing():
     # No victim: pages are written and reused, nobody reads a stale page.
     kind = [POOL_START, ALLOC, FREE, ALLOC, FREE]
-    out = replay_rank(
-        np.array(kind),
-        np.array([0, 0, 0, 1, 1]),
-        np.array([4, 0, 0, 0, 0]),
-        np.ones(5, int),
-        prompt_tokens=np.array([3, 3]),
-        completion_tokens=np.array([1, 1]),
-        size_known=np.ones(2, dtype=bool),
-        victim=np.zeros(2, dtype=bool),
-    )
+    out = one_pool(4, kind, [0, 0, 0, 1, 1], [3, 3], [1, 1], [False, False])
     assert len(out.reads["victim"]) == 0 and len(out.victims["row"]) == 0
     assert out.shortfalls == 0
 
