@@ -7,6 +7,7 @@ import csv
 import errno
 import os
 import stat
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -166,11 +167,10 @@ def test_a_full_disk_is_one_line_and_leaves_no_cut_file(tmp_path, monkeypatch):
 
     import forensics.files
 
-    real_fsync, calls = os.fsync, []
+    real_fsync = os.fsync
 
     def full_disk(fd):
-        calls.append(fd)
-        if len(calls) == 2:  # the second file: report.md
+        if os.readlink(f"/proc/self/fd/{fd}").split("/")[-1].startswith(".report.md."):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real_fsync(fd)
 
@@ -216,26 +216,84 @@ def test_write_atomic_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatc
     assert [p.name for p in tmp_path.iterdir()] == ["x.csv"]
 
 
-def test_parallel_writes_raise_the_first_failure_and_leave_no_partial_file(tmp_path, monkeypatch):
+def test_batched_writes_flush_once_before_any_file_takes_its_name(tmp_path, monkeypatch):
+    from forensics import files
+
+    seen = []
+
+    def flush(folder):
+        seen.append((folder, sorted(p.name for p in tmp_path.iterdir())))
+        return True
+
+    monkeypatch.setattr(files, "sync_filesystem", flush)
+    with files.BatchedWrites() as writes:
+        for i in range(3):
+            writes.write(tmp_path / f"n{i}.md", f"notice {i}\n".encode())
+    [(folder, names_at_flush)] = seen
+    assert folder == tmp_path
+    # At the flush every file is still under its temporary name.
+    assert len(names_at_flush) == 3 and all(n.endswith(".partial") for n in names_at_flush)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["n0.md", "n1.md", "n2.md"]
+    assert (tmp_path / "n2.md").read_bytes() == b"notice 2\n"
+
+
+def test_batched_writes_that_cannot_flush_leave_no_file(tmp_path, monkeypatch):
+    from forensics import files
+
+    def broken(folder):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(files, "sync_filesystem", broken)
+    with pytest.raises(ForensicsError) as err, files.BatchedWrites() as writes:
+        for i in range(6):
+            writes.write(tmp_path / f"n{i}.md", b"notice\n")
+    assert str(err.value) == f"{tmp_path}: cannot write the files (Input/output error)"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_batched_writes_without_syncfs_flush_each_file_and_name_the_one_that_fails(
+    tmp_path, monkeypatch
+):
     from forensics import files
 
     real_fsync = os.fsync
-    failing = tmp_path / "n3.md"
+    flushed = []
 
     def full_disk_for_one(fd):
-        if os.readlink(f"/proc/self/fd/{fd}").split("/")[-1].startswith(".n3.md."):
+        name = os.readlink(f"/proc/self/fd/{fd}").split("/")[-1]
+        if name.startswith(".n3.md."):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        flushed.append(name)
         real_fsync(fd)
 
+    monkeypatch.setattr(files, "sync_filesystem", lambda folder: False)
     monkeypatch.setattr(files.os, "fsync", full_disk_for_one)
-    with pytest.raises(ForensicsError) as err, files.ParallelWrites(workers=2) as writes:
+    with pytest.raises(ForensicsError) as err, files.BatchedWrites() as writes:
         for i in range(6):
             writes.write(tmp_path / f"n{i}.md", b"notice\n")
+    failing = tmp_path / "n3.md"
     assert str(err.value) == f"{failing}: cannot write the file (No space left on device)"
-    left = sorted(p.name for p in tmp_path.iterdir())
-    assert "n3.md" not in left
-    assert not [name for name in left if name.endswith(".partial")]
-    assert all((tmp_path / name).read_bytes() == b"notice\n" for name in left)
+    assert [n.split(".")[1] for n in flushed] == ["n0", "n1", "n2"]
+    # Nothing is renamed before every file is on disk: the batch is absent, not cut.
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_batched_writes_stopped_by_the_caller_leave_no_file(tmp_path):
+    from forensics import files
+
+    with pytest.raises(RuntimeError), files.BatchedWrites() as writes:
+        writes.write(tmp_path / "n0.md", b"notice\n")
+        raise RuntimeError("the next notice failed to render")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sync_filesystem_flushes_or_says_it_cannot(tmp_path):
+    from forensics import files
+
+    # Linux has syncfs; elsewhere the batch falls back to one fsync per file.
+    assert files.sync_filesystem(tmp_path) is sys.platform.startswith("linux")
+    with pytest.raises(OSError):
+        files.sync_filesystem(tmp_path / "missing")
 
 
 # --- the large CSVs, written by the database ----------------------------------------------------

@@ -52,11 +52,11 @@ def test_the_report_tells_each_part_in_order(tmp_path, capfd):
     assert [c[1:] for c in calls] == [(i, 7) for i in range(7)]
     assert [c[0] for c in calls] == [
         "Reading the findings",
+        "Writing the CSVs and the timeline (the charts are drawn beside)",
+        "Writing the notices and findings/*.parquet",
         "Drawing the charts",
         "Writing report.html",
         "Writing report.md",
-        "Writing the CSVs and the timeline",
-        "Writing the notices and findings/*.parquet",
         "Writing manifest.json",
     ]
     assert capfd.readouterr() == ("", "")

@@ -9,7 +9,7 @@ numbers those per process, which would make two renders differ).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -43,20 +43,34 @@ class Chart:
     Attributes:
         id: HTML id of the figure.
         title: heading.
-        svg: inline SVG markup, or None when there is no data.
+        svg: inline SVG markup, or None when there is no data (or before :func:`draw`).
         caption: what the figure shows (or why it is empty).
+        spec: the Vega-Lite specification the SVG is drawn from, or None when there is no
+            data.
     """
 
     id: str
     title: str
     svg: str | None
     caption: str
+    spec: dict | None = None
 
 
-def _to_svg(chart) -> str:
+def _spec(chart) -> dict:
+    return chart.to_dict()
+
+
+def draw(charts: list[Chart]) -> list[Chart]:
+    """The charts with their SVG drawn from their specs (by vl-convert, which holds no lock
+    of Python's while it draws: a report runs this beside its other outputs)."""
     import vl_convert
 
-    svg = vl_convert.vegalite_to_svg(chart.to_dict())
+    return [
+        replace(c, svg=_svg(vl_convert.vegalite_to_svg(c.spec))) if c.spec else c for c in charts
+    ]
+
+
+def _svg(svg: str) -> str:
     # Namespace declarations are URLs; HTML needs none of them for inline SVG, and the page
     # promises no external URL of any kind.
     svg = re.sub(r'\s+xmlns(:\w+)?="[^"]*"', "", svg, count=2)
@@ -231,7 +245,7 @@ def affected_over_time(con: duckdb.DuckDBPyConnection, data: ReportData) -> Char
             + "; ".join(f"{m['kind']} at {m['at']} ({m['event']})" for m in markers)
             + "."
         )
-    return Chart("chart-over-time", title, _to_svg(_config(chart)), caption)
+    return Chart("chart-over-time", title, None, caption, _spec(_config(chart)))
 
 
 MARKER_COLORS = {"fix": "#1a7f37", "event": "#555555", "pool change": "#0b4f8a"}
@@ -422,7 +436,7 @@ def tokens_vs_ttft(con: duckdb.DuckDBPyConnection, data: ReportData) -> Chart:
     caption += " Both axes are logarithmic."
     if not thresholds:
         caption += " No input limit is known for this case, so no limit line is drawn."
-    return Chart("chart-ttft", title, _to_svg(_config(chart)), caption)
+    return Chart("chart-ttft", title, None, caption, _spec(_config(chart)))
 
 
 def per_rank(con: duckdb.DuckDBPyConnection, data: ReportData) -> Chart:
@@ -492,9 +506,9 @@ def per_rank(con: duckdb.DuckDBPyConnection, data: ReportData) -> Chart:
         " verdict. Right: the distinct earlier requests whose KV page-level attribution says"
         " they read there."
     )
-    return Chart("chart-nodes", title, _to_svg(_config(chart)), caption)
+    return Chart("chart-nodes", title, None, caption, _spec(_config(chart)))
 
 
 def build_charts(con: duckdb.DuckDBPyConnection, data: ReportData) -> list[Chart]:
-    """Every chart of the report, in display order."""
+    """Every chart of the report, in display order, with its spec; :func:`draw` draws them."""
     return [affected_over_time(con, data), tokens_vs_ttft(con, data), per_rank(con, data)]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from forensics import __version__
 from forensics.errors import ForensicsError
 from forensics.files import (
-    ParallelWrites,
+    BatchedWrites,
     private_dirs,
     remove_partials,
     sync_dir,
@@ -203,19 +203,21 @@ def write_report(
     Raises:
         ForensicsError: no findings, no redaction key, or no way to tell the generation time.
     """
-    from forensics.report.charts import build_charts
+    from concurrent.futures import ThreadPoolExecutor
+
+    from forensics.report.charts import build_charts, draw
     from forensics.report.render import environment, report_context
     from forensics.scope import load_scope
 
     steps = [
         "Reading the findings",
-        "Drawing the charts",
-        "Writing report.html",
-        "Writing report.md",
-        "Writing the CSVs and the timeline",
+        "Writing the CSVs and the timeline (the charts are drawn beside)",
         "Removing earlier notices (a redacted report has none)"
         if redact
         else "Writing the notices and findings/*.parquet",
+        "Drawing the charts",
+        "Writing report.html",
+        "Writing report.md",
         "Writing manifest.json",
     ]
 
@@ -251,18 +253,69 @@ def write_report(
     tenant_ids = all_tenant_ids(con)
     red = Redactor(tenant_ids, key)
     data = load_report_data(con, case, generated_at, red)
-    step(1)
-    charts = build_charts(con, data)
     env = environment()
-    ctx = report_context(data, charts, __version__)
+    # The charts' data is read here; their SVG is drawn in a thread while this one writes the
+    # other outputs: vl-convert draws outside the GIL, and drawing was a fifth of a report
+    # whose notices keep this thread busy. (Only the drawing: lazy imports in two threads at
+    # once can find each other's modules half made.)
+    specs = build_charts(con, data)
+    charts = ThreadPoolExecutor(max_workers=1)
+    try:
+        drawn = charts.submit(draw, specs)
+        written: list[Path] = []
+        step(1)
+        written += _write_exports(con, out, data, red)
 
-    written: list[Path] = []
-    step(2)
-    _write(out / "report.html", env.get_template("report.html").render(ctx), written)
-    step(3)
-    _write(out / "report.md", env.get_template("report.md.j2").render(ctx), written)
+        notices: list[Path] = []
+        messages: list[str] = []
+        step(2)
+        _clear_notices(out / "notices")
+        _clear_findings(out / "findings")
+        if redact:
+            messages.append(
+                "Notices and findings/*.parquet were not written: they hold tenant ids"
+                " unredacted. Run without --redact to write them."
+            )
+        else:
+            written += write_findings_parquet(con, out / "findings")
+            notices = write_notices(
+                con,
+                case,
+                scope,
+                out / "notices",
+                generated_at=generated_at,
+                window=data.window,
+                tenant_ids=tenant_ids,
+                env=env,
+            )
+            written += notices
+        step(3)
+        ctx = report_context(data, drawn.result(), __version__)
+    finally:
+        charts.shutdown(wait=True, cancel_futures=True)
     step(4)
-    # The two outputs that grow with the incident stream from the database in batches.
+    _write(out / "report.html", env.get_template("report.html").render(ctx), written)
+    step(5)
+    _write(out / "report.md", env.get_template("report.md.j2").render(ctx), written)
+
+    step(6)
+    manifest = _manifest(case, data, out, written, redact)
+    sync_dir(out / "notices")
+    _write(out / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n", written)
+    sync_dir(out)
+    summary = dict(data.summary)
+    summary["conclusion"] = data.exploitation_summary["conclusion"]
+    summary["level"] = data.exploitation_summary["level"]
+    summary["basis_headline"] = data.basis.get("headline", "")
+    summary["coverage_level"] = data.coverage_summary["level"]
+    summary["coverage_statement"] = data.coverage_summary["statement"]
+    return ReportResult(out, written, notices, bool(redact), generated_at, summary, messages)
+
+
+def _write_exports(con: duckdb.DuckDBPyConnection, out: Path, data, red: Redactor) -> list[Path]:
+    """The CSVs and the timeline; the two that grow with the incident stream from the
+    database in batches."""
+    written: list[Path] = []
     _write(
         out / "affected_responses.csv",
         csv_chunks(con, AFFECTED_COLUMNS, AFFECTED_ROWS_SQL, AFFECTED_ORDER, red),
@@ -282,43 +335,7 @@ def write_report(
     ]
     _write(out / "exploitation.csv", _csv(EXPLOITATION_COLUMNS, exploitation), written)
     _write(out / "timeline.jsonl", timesketch_jsonl(con, data, red), written)
-
-    notices: list[Path] = []
-    messages: list[str] = []
-    step(5)
-    _clear_notices(out / "notices")
-    _clear_findings(out / "findings")
-    if redact:
-        messages.append(
-            "Notices and findings/*.parquet were not written: they hold tenant ids"
-            " unredacted. Run without --redact to write them."
-        )
-    else:
-        written += write_findings_parquet(con, out / "findings")
-        notices = write_notices(
-            con,
-            case,
-            scope,
-            out / "notices",
-            generated_at=generated_at,
-            window=data.window,
-            tenant_ids=tenant_ids,
-            env=env,
-        )
-        written += notices
-
-    step(6)
-    manifest = _manifest(case, data, out, written, redact)
-    sync_dir(out / "notices")
-    _write(out / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n", written)
-    sync_dir(out)
-    summary = dict(data.summary)
-    summary["conclusion"] = data.exploitation_summary["conclusion"]
-    summary["level"] = data.exploitation_summary["level"]
-    summary["basis_headline"] = data.basis.get("headline", "")
-    summary["coverage_level"] = data.coverage_summary["level"]
-    summary["coverage_statement"] = data.coverage_summary["statement"]
-    return ReportResult(out, written, notices, bool(redact), generated_at, summary, messages)
+    return written
 
 
 def write_notices(
@@ -354,7 +371,7 @@ def write_notices(
     written: list[Path] = []
     slugs = assign_slugs(list(scope.tenants))
     private_dirs(folder)
-    with ParallelWrites() as files:
+    with BatchedWrites() as files:
         for tenant, ctx in notice_contexts(con, scope):
             slug = slugs[tenant]
             ctx.update(
