@@ -203,11 +203,14 @@ _SERVE = (
 
 
 def _start(ranks: list[tuple], share: list[int]):
-    """A worker process replaying ``share``, its input already sent."""
+    """A worker process replaying ``share``, its input being sent by a thread: the pipe takes
+    it only as fast as the worker reads, which it does once its interpreter has started (a
+    wait of 0.1 s or more per chunk of ranks when this process waited)."""
     import os
     import pickle
     import subprocess
     import sys
+    import threading
     from pathlib import Path
 
     env = dict(os.environ)
@@ -224,23 +227,28 @@ def _start(ranks: list[tuple], share: list[int]):
         )
     except OSError:
         return None
-    try:
-        assert child.stdin is not None
-        pickle.dump([ranks[i] for i in share], child.stdin, protocol=pickle.HIGHEST_PROTOCOL)
-        child.stdin.close()
-    except OSError:  # the worker died before taking its input
-        child.kill()
-        child.wait()
-        return None
-    return child
+    given = pickle.dumps([ranks[i] for i in share], protocol=pickle.HIGHEST_PROTOCOL)
+
+    def send() -> None:
+        try:
+            assert child.stdin is not None
+            child.stdin.write(given)
+            child.stdin.close()
+        except OSError:  # the worker died before taking its input: it fails, _collect says
+            child.kill()
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    return child, sender
 
 
-def _collect(child) -> list[RankReplay] | None:
+def _collect(worker) -> list[RankReplay] | None:
     """A worker's results, or None when it failed."""
     import pickle
 
-    if child is None:
+    if worker is None:
         return None
+    child, sender = worker
     try:
         data = child.stdout.read()
         child.stdout.close()
@@ -249,6 +257,8 @@ def _collect(child) -> list[RankReplay] | None:
         return pickle.loads(data)
     except (OSError, pickle.UnpicklingError, EOFError):
         return None
+    finally:
+        sender.join()
 
 
 def serve(given, answer) -> None:
