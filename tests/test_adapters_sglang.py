@@ -361,6 +361,11 @@ def test_decode_leg_starts_when_its_pages_were_allocated(memory_db):
     # The engine's own count of generated tokens, which sizes the allocation in the replay
     # when no client record does.
     assert extra(memory_db, result.evidence_id, "q1")["completion_tokens"] == 8
+    # How long each waited in the preallocation queue, in either form of the line: the order in
+    # which legs admitted together entered it (the timeline's first in, first out).
+    waits = [extra(memory_db, result.evidence_id, q).get("prealloc_wait_s") for q in ("q1", "q2")]
+    assert waits == [1.5, 2.0005]
+    assert "prealloc_wait_s" not in extra(memory_db, result.evidence_id, "q5")
 
 
 def test_a_schedulers_prefix_gives_the_rank_a_build_logs_nowhere_else(tmp_path, memory_db):

@@ -106,6 +106,14 @@ def pool_snapshots(decode_at: int | None = 0) -> list[dict]:
     return snaps
 
 
+def empty_case(tmp_path):
+    """A case with no evidence yet: its manifest and its database."""
+    manifest = tmp_path / "case.toml"
+    manifest.write_text('[incident]\nid = "INC-Q"\ncontext_length = 100\n')
+    case = load_case(manifest)
+    return case, connect(case.database)
+
+
 def build_case(
     tmp_path,
     *,
@@ -185,10 +193,7 @@ def test_a_client_timed_request_waits_for_room_but_not_past_its_first_token(tmp_
     # the engine held it until A's release made room, then V took pages 1-6 and read A's KV in
     # pages 2-5. Had its first token come at 5, before any room, the replay would disagree with
     # the logs: its source stays a candidate at a lower confidence, and the rank is warned of.
-    manifest = tmp_path / "case.toml"
-    manifest.write_text('[incident]\nid = "INC-Q"\ncontext_length = 100\n')
-    case = load_case(manifest)
-    con = connect(case.database)
+    case, con = empty_case(tmp_path)
     insert_rows(
         con,
         "requests",
@@ -489,3 +494,69 @@ def test_a_window_that_leaves_out_the_defects_signature_is_a_warning(tmp_path, s
     # Detection itself judged only the window.
     affected = {r[0] for r in con.execute("SELECT request_id FROM findings_affected").fetchall()}
     assert affected == ({"V", "W"} if warned is None else {"W"})
+
+
+@pytest.mark.parametrize("apart_us", [0, 100], ids=["one-admission", "apart"])
+def test_legs_admitted_together_take_the_queues_order_not_their_rounded_times(tmp_path, apart_us):
+    # A decode pool of 20 pages of 4 tokens. A holds pages 1-16 from 1 s to 10 s; X held 17-20
+    # until 3 s. V (a victim: prompt 20 over the prefill limit of 16, 6 pages) entered the
+    # preallocation queue at 5 s, W (14 pages) at 6 s; both waited for A's release and were
+    # admitted together, V first: V took pages 1-6 (A's KV) and W 7-20. Their allocation times
+    # are rebuilt from rounded durations (SGLang's time stats), which put W 8 us before V; each
+    # leg's wait in the queue (`prealloc_wait_s`, from the same line) says V entered first.
+    # Logged 100 us apart, two allocations are not one admission, and the log's order stands:
+    # W took 1-14 first, V 15-20 (page 16 of A, 17-19 of X).
+    case, con = empty_case(tmp_path)
+
+    def at(second: int, us: int = 0) -> str:
+        return f"2026-08-28T10:00:{second:02d}.{us:06d}Z"
+
+    clients = [  # request, tenant, prompt, completion, received, completed
+        ("A", "ta", 4, 60, 1, 10),
+        ("X", "tx", 4, 12, 2, 3),
+        ("V", "tv", 20, 2, 5, 20),
+        ("W", "tw", 4, 52, 6, 20),
+    ]
+    insert_rows(
+        con,
+        "requests",
+        [
+            _request(r, t, p, s, e, completion=c, ttft=None, first_token_at=_t(e - 1))
+            for r, t, p, c, s, e in clients
+        ],
+    )
+    v_at, w_at = 12 + apart_us, 4
+    legs = []
+    for r, _tenant, p, _c, s, e in clients:
+        victim = r == "V"
+        legs += _legs(r, p, s, e, victim=victim)
+        decode = legs[-1]
+        if r in ("V", "W"):
+            us = v_at if victim else w_at
+            decode["started_at"] = at(10, us)
+            decode["prealloc_wait_s"] = (10 - s) + us / 1e6
+        else:
+            decode["started_at"] = at(s)
+            decode["finished_at"] = at(e)
+    insert_rows(con, "engine_legs", legs)
+    insert_rows(
+        con,
+        "pool_snapshots",
+        [
+            pool_snapshots(decode_at=None)[0],
+            {
+                "node": "d0",
+                "observed_at": _t(0),
+                "role": "decode",
+                "max_total_num_tokens": 80,
+                "page_size": 4,
+                "dp_size": 1,
+            },
+        ],
+    )
+    detect_case(con, case)
+    reads = [(r, s, tokens) for r, s, _t3, _m, tokens, _c in exposures(con) if r == "V"]
+    if apart_us == 0:
+        assert reads == [("V", "A", 16)]
+    else:
+        assert reads == [("V", "A", 4), ("V", "X", 12)]

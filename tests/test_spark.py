@@ -189,6 +189,67 @@ def test_each_translated_construct_has_the_value_duckdb_gives(workspace):
         assert spark == duck, construct
 
 
+def test_legs_admitted_together_are_placed_as_duckdb_places_them(workspace):
+    # The decode timeline's first-in-first-out placement of legs allocated together (windows
+    # over timestamps, intervals of microseconds, a rank that is NULL): three legs of one
+    # admission whose rebuilt times tie and run against their queue entries, two more 100 us
+    # apart, one with no wait logged, and an admission on a rank no log names.
+    import duckdb
+
+    from forensics.sql import run_sql_file
+
+    def leg(rid, rank, at_us, wait_s=None):
+        extra = "NULL" if wait_s is None else f"'{{\"prealloc_wait_s\": {wait_s}}}'"
+        rank_sql = "NULL" if rank is None else str(rank)
+        at = f"TIMESTAMPTZ '2026-08-28 10:00:10+00' + to_microseconds({at_us})"
+        return (
+            f"('{rid}', 'decode', 'd0', {rank_sql}::BIGINT, {at}, "
+            f"TIMESTAMPTZ '2026-08-28 10:01:00+00', 100::BIGINT, NULL::VARCHAR, {extra}::VARCHAR)"
+        )
+
+    legs = [
+        leg("a", 0, 5, 1.0),  # entered third
+        leg("b", 0, 5, 3.0),  # entered first
+        leg("c", 0, 6, 2.0),
+        leg("d", 0, 300, 9.0),  # 100 us and more from the rest: as logged
+        leg("e", 0, 400, 0.5),
+        leg("f", 0, 410),  # no wait logged: as logged
+        leg("g", None, 7, 0.1),
+        leg("h", None, 9, 4.0),
+    ]
+    setup = [
+        "CREATE OR REPLACE TEMP TABLE matched_legs AS SELECT * FROM (VALUES "
+        + ", ".join(legs)
+        + ") v(client_request_id, role, node, dp_rank, started_at, finished_at, reserved_tokens,"
+        " error, extra)",
+        "CREATE OR REPLACE TEMP TABLE all_requests AS SELECT client_request_id AS request_id,"
+        " 'acct' AS tenant_id, node AS decode_node, dp_rank, started_at AS received_at,"
+        " finished_at AS completed_at, 50000.0 AS e2e_ms, 100::BIGINT AS prompt_tokens,"
+        " 4::BIGINT AS completion_tokens, started_at AS first_token_at, 1.0 AS ttft_ms,"
+        " true AS client_record, 200::BIGINT AS http_status FROM matched_legs",
+    ]
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+    for target in (con, workspace):
+        for statement in setup:
+            target.execute(statement)
+        run_sql_file(target, "timeline.sql")
+    query = """SELECT request_id, dp_rank, epoch_us(alloc_at) - epoch_us(TIMESTAMPTZ
+               '2026-08-28 10:00:10+00') AS at_us FROM decode_timeline ORDER BY ALL"""
+    duck = con.execute(query).fetchall()
+    assert workspace.execute(query).fetchall() == duck
+    assert sorted(duck, key=lambda r: (r[1] is not None, r[1], r[2])) == [
+        ("h", None, 7),
+        ("g", None, 9),
+        ("b", 0, 5),
+        ("c", 0, 6),
+        ("a", 0, 7),
+        ("d", 0, 300),
+        ("e", 0, 400),
+        ("f", 0, 410),
+    ]
+
+
 def test_lists_keep_duckdb_order_and_nulls(workspace):
     import duckdb
 

@@ -415,6 +415,10 @@ def _legs(con, base: Source, tag: str, node: str, options: Options) -> Source:
             "cached_tokens": "TRY_CAST(cached AS BIGINT)",
             "e2e_latency": "TRY_CAST(e2e AS DOUBLE)",
             "time_stats": "stats",
+            # Its allocation instant is rebuilt from durations to 10 microseconds; when
+            # several are admitted at once, the queue's order (first in, first out) is known
+            # from when each entered it: the timeline orders them so.
+            "prealloc_wait_s": f"CASE WHEN role = 'decode' THEN {_prealloc_seconds()} END",
             "lines": "lines",
             "logged": logged,
         },
@@ -460,14 +464,9 @@ def _kv_allocated() -> str:
     within the leg's span.
     """
 
-    def sec(name: str) -> str:
-        return f"(TRY_CAST({_re('stats', _STATS_MS[name])} AS DECIMAL(18, 6)) * 0.001)"
-
+    sec = _stats_seconds
     decode = "role = 'decode'"
-    queued = (
-        f"CASE WHEN {decode} THEN coalesce({sec('prealloc')}, {sec('bootstrap')} + "
-        f"{sec('alloc_wait')}) ELSE {sec('queue')} END"
-    )
+    queued = f"CASE WHEN {decode} THEN {_prealloc_seconds()} ELSE {sec('queue')} END"
     after = (
         f"CASE WHEN {decode} THEN {sec('transfer')} + {sec('queue')} + {sec('forward')} "
         f"ELSE {sec('forward')} END"
@@ -480,6 +479,18 @@ def _kv_allocated() -> str:
         f"CASE WHEN role IN ('decode', 'unified') AND stats IS NOT NULL "
         f"THEN CAST(CAST(least(greatest({at}, {recv}), {end}) AS DECIMAL(20, 6)) AS VARCHAR) END"
     )
+
+
+def _stats_seconds(name: str) -> str:
+    """SQL of one duration of the time-stats line, in seconds (NULL when it has none)."""
+    return f"(TRY_CAST({_re('stats', _STATS_MS[name])} AS DECIMAL(18, 6)) * 0.001)"
+
+
+def _prealloc_seconds() -> str:
+    """SQL of how long a decode leg waited in the preallocation queue (the handshake and the
+    wait for pages), in seconds, from its time-stats line."""
+    sec = _stats_seconds
+    return f"coalesce({sec('prealloc')}, {sec('bootstrap')} + {sec('alloc_wait')})"
 
 
 def _json_key(name: str) -> str:

@@ -6,10 +6,70 @@
 -- One join for both: every request with its decode legs that held pages, and a request with
 -- none falls back to its client record.
 CREATE OR REPLACE TEMP TABLE decode_timeline AS
-WITH decode_legs AS (
-  SELECT client_request_id, node, dp_rank, started_at, finished_at, reserved_tokens
+WITH legs AS (
+  SELECT client_request_id, node, dp_rank, started_at, finished_at, reserved_tokens,
+         CASE WHEN role = 'decode'
+              THEN TRY_CAST(json_extract_string(extra, '$.prealloc_wait_s') AS DOUBLE) END
+           AS prealloc_wait_s
   FROM matched_legs
   WHERE role IN ('decode', 'unified') AND error IS NULL
+),
+-- A decode leg whose allocation instant an adapter rebuilt from logged durations (SGLang's
+-- time stats: to 10 microseconds each, so to some 30 microseconds in all) may be placed a few
+-- microseconds before another admitted with it, when the queue admitted it after. The
+-- preallocation queue admits first in, first out, and each leg's wait says when it entered:
+-- legs allocated within that error of one another on a rank are one admission, and the k-th
+-- of them to enter the queue takes the k-th of their instants (made strictly increasing, so
+-- that no tie falls back to request-id order). The set of instants is unchanged, so their
+-- order against every release stays as logged. Legs with no such wait keep their time.
+waited AS (
+  SELECT *,
+         started_at - lag(started_at) OVER (PARTITION BY node, dp_rank
+                                            ORDER BY started_at, client_request_id) AS gap_before,
+         lead(started_at) OVER (PARTITION BY node, dp_rank
+                                ORDER BY started_at, client_request_id) - started_at AS gap_after
+  FROM legs
+  WHERE prealloc_wait_s IS NOT NULL
+),
+together AS (
+  SELECT *,
+         started_at - to_microseconds(CAST(prealloc_wait_s * 1000000 AS BIGINT)) AS entered_at,
+         sum(CASE WHEN gap_before IS NULL OR gap_before > to_microseconds(30) THEN 1 ELSE 0 END)
+           OVER (PARTITION BY node, dp_rank ORDER BY started_at, client_request_id
+                 ROWS UNBOUNDED PRECEDING) AS admission
+  FROM waited
+  WHERE gap_before <= to_microseconds(30) OR gap_after <= to_microseconds(30)
+),
+placed AS (
+  SELECT *,
+         row_number() OVER (PARTITION BY node, dp_rank, admission
+                            ORDER BY started_at, client_request_id) AS by_time,
+         row_number() OVER (PARTITION BY node, dp_rank, admission
+                            ORDER BY entered_at, client_request_id) AS by_entry
+  FROM together
+),
+instants AS (
+  -- The admission's k-th instant, at least a microsecond after the one before it.
+  SELECT node, dp_rank, admission, by_time,
+         max(started_at - to_microseconds(by_time)) OVER (
+           PARTITION BY node, dp_rank, admission ORDER BY by_time ROWS UNBOUNDED PRECEDING)
+           + to_microseconds(by_time) AS at
+  FROM placed
+),
+decode_legs AS (
+  SELECT client_request_id, node, dp_rank, started_at, finished_at, reserved_tokens
+  FROM legs WHERE prealloc_wait_s IS NULL
+  UNION ALL
+  SELECT client_request_id, node, dp_rank, started_at, finished_at, reserved_tokens
+  FROM waited
+  WHERE NOT coalesce(gap_before <= to_microseconds(30) OR gap_after <= to_microseconds(30), false)
+  UNION ALL
+  SELECT p.client_request_id, p.node, p.dp_rank, least(i.at, p.finished_at), p.finished_at,
+         p.reserved_tokens
+  FROM placed p
+  JOIN instants i
+    ON i.node = p.node AND i.dp_rank IS NOT DISTINCT FROM p.dp_rank AND i.admission = p.admission
+   AND i.by_time = p.by_entry
 )
 SELECT r.request_id, r.tenant_id,
        CASE WHEN l.client_request_id IS NULL THEN r.decode_node ELSE l.node END AS node,
