@@ -255,9 +255,9 @@ def write_report(
     data = load_report_data(con, case, generated_at, red)
     env = environment()
     # The charts' data is read here; their SVG is drawn in a thread while this one writes the
-    # other outputs: vl-convert draws outside the GIL, and drawing was a fifth of a report
-    # whose notices keep this thread busy. (Only the drawing: lazy imports in two threads at
-    # once can find each other's modules half made.)
+    # other outputs: vl-convert draws outside the GIL, and drawing was a tenth to a sixth of
+    # a report whose notices keep this thread busy. (Only the drawing: lazy imports in two
+    # threads at once can find each other's modules half made.)
     specs = build_charts(con, data)
     charts = ThreadPoolExecutor(max_workers=1)
     try:
