@@ -22,7 +22,7 @@ WITH legs AS (
 -- of them to enter the queue takes the k-th of their instants (made strictly increasing, so
 -- that no tie falls back to request-id order). The set of instants is unchanged, so their
 -- order against every release stays as logged. Legs with no such wait keep their time.
-waited AS (
+gaps AS (
   SELECT *,
          started_at - lag(started_at) OVER (PARTITION BY node, dp_rank
                                             ORDER BY started_at, client_request_id) AS gap_before,
@@ -31,14 +31,21 @@ waited AS (
   FROM legs
   WHERE prealloc_wait_s IS NOT NULL
 ),
+waited AS (
+  SELECT *,
+         coalesce(gap_before <= to_microseconds(30), false) AS joins_previous,
+         coalesce(gap_before <= to_microseconds(30) OR gap_after <= to_microseconds(30), false)
+           AS admitted_with_others
+  FROM gaps
+),
 together AS (
   SELECT *,
          started_at - to_microseconds(CAST(prealloc_wait_s * 1000000 AS BIGINT)) AS entered_at,
-         sum(CASE WHEN gap_before IS NULL OR gap_before > to_microseconds(30) THEN 1 ELSE 0 END)
+         sum(CASE WHEN joins_previous THEN 0 ELSE 1 END)
            OVER (PARTITION BY node, dp_rank ORDER BY started_at, client_request_id
                  ROWS UNBOUNDED PRECEDING) AS admission
   FROM waited
-  WHERE gap_before <= to_microseconds(30) OR gap_after <= to_microseconds(30)
+  WHERE admitted_with_others
 ),
 placed AS (
   SELECT *,
@@ -62,7 +69,7 @@ decode_legs AS (
   UNION ALL
   SELECT client_request_id, node, dp_rank, started_at, finished_at, reserved_tokens
   FROM waited
-  WHERE NOT coalesce(gap_before <= to_microseconds(30) OR gap_after <= to_microseconds(30), false)
+  WHERE NOT admitted_with_others
   UNION ALL
   SELECT p.client_request_id, p.node, p.dp_rank, least(i.at, p.finished_at), p.finished_at,
          p.reserved_tokens
