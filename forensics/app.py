@@ -77,7 +77,8 @@ MEMORY_OPT = typer.Option(
     metavar="SIZE",
     callback=check_memory_limit,
     help="Cap DuckDB's memory, e.g. 1GB (default: the manifest's [database].memory_limit, "
-    "else 2GB); beyond it work spills to <database>.tmp/.",
+    "else 2GB, or 3GB for a case database of 3 GB or more); beyond it work spills to "
+    "<database>.tmp/.",
 )
 
 

@@ -238,6 +238,64 @@ def test_a_case_database_is_capped_by_default_and_a_limit_given_wins(tmp_path):
     memory.close()
 
 
+def test_a_large_case_database_gets_the_larger_default_on_a_machine_with_room(
+    tmp_path, monkeypatch
+):
+    import os
+
+    import duckdb
+
+    from forensics import db as db_module
+    from forensics.db import DEFAULT_MEMORY_LIMIT, LARGE_CASE_LIMIT, default_memory_limit
+
+    def shown(con) -> str:
+        return con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+
+    def setting(limit: str) -> str:
+        reference = duckdb.connect()
+        reference.execute(f"SET memory_limit = '{limit}'")
+        text = shown(reference)
+        reference.close()
+        return text
+
+    real = os.sysconf
+    room = 4 * 3 * 1000**3 // real("SC_PAGE_SIZE")  # pages of four times the larger limit
+
+    def machine(pages: int) -> None:
+        monkeypatch.setattr(
+            os, "sysconf", lambda name: pages if name == "SC_PHYS_PAGES" else real(name)
+        )
+
+    machine(room + 1)
+    big = tmp_path / "big.duckdb"
+    with open(big, "wb") as f:
+        f.truncate(db_module.LARGE_CASE_BYTES)  # sparse: its size counts, not its blocks
+    assert default_memory_limit(big) == LARGE_CASE_LIMIT
+    with open(big, "r+b") as f:
+        f.truncate(db_module.LARGE_CASE_BYTES - 1)
+    assert default_memory_limit(big) == DEFAULT_MEMORY_LIMIT
+    assert default_memory_limit(tmp_path / "absent.duckdb") == DEFAULT_MEMORY_LIMIT
+    with open(big, "r+b") as f:
+        f.truncate(db_module.LARGE_CASE_BYTES)
+    machine(room - 1)  # less than four times the larger limit: the smaller one
+    assert default_memory_limit(big) == DEFAULT_MEMORY_LIMIT
+
+    # connect() applies it, and a limit given still wins.
+    machine(room + 1)
+    path = tmp_path / "case.duckdb"
+    connect(path).close()
+    con = connect(path)
+    assert shown(con) == setting(DEFAULT_MEMORY_LIMIT)
+    con.close()
+    monkeypatch.setattr(db_module, "LARGE_CASE_BYTES", 1)
+    con = connect(path)
+    assert shown(con) == setting(LARGE_CASE_LIMIT)
+    con.close()
+    con = connect(path, memory_limit="64MB")
+    assert shown(con) == setting("64MB")
+    con.close()
+
+
 def test_a_memory_limit_too_small_is_one_line_and_records_nothing(tmp_path, big_parquet):
     db = tmp_path / "case.duckdb"
     args = ["ingest", str(db), str(big_parquet), "--kind", "requests"]
