@@ -62,8 +62,8 @@ def memory_error(exc: Exception, where: str | None = None) -> ResourceError:
 # otherwise; work that cannot spill fails with memory_error's one line, never a kill.
 DEFAULT_MEMORY_LIMIT = "2GB"
 # A database file of LARGE_CASE_BYTES or more (some 12M requests and up) gets LARGE_CASE_LIMIT:
-# detection's working tables grow with the case, and under 2 GB the 16M case's spilled every
-# join and sort (62-66 s under 3 GB against 72-75 s under 2 GB). No more than that, and never
+# detection's working tables grow with the case, and under 2 GB every large join and sort of
+# the 16M case spilled (62-66 s under 3 GB against 72-75 s under 2 GB). No more than that, and never
 # above a quarter of the machine's memory: 100M requests under 11.7 GB stopped out of memory
 # where DuckDB planned a join to fit and could not spill it (under 3 GB they complete, 879 s
 # against 851 s under 2 GB: at that size everything spills either way).
