@@ -213,28 +213,34 @@ def test_a_memory_limit_far_below_the_data_completes(tmp_path, big_parquet):
     con.close()
 
 
-def test_a_case_database_is_capped_by_default_and_a_limit_given_wins(tmp_path):
+def _limit(con) -> str:
+    """The memory limit a connection runs under, as DuckDB shows it."""
+    return con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+
+
+def _shown_as(limit: str) -> str:
+    """How DuckDB shows ``limit`` once set (a rounded size in its own units)."""
     import duckdb
 
+    reference = duckdb.connect()
+    reference.execute(f"SET memory_limit = '{limit}'")
+    text = _limit(reference)
+    reference.close()
+    return text
+
+
+def test_a_case_database_is_capped_by_default_and_a_limit_given_wins(tmp_path):
     from forensics.db import DEFAULT_MEMORY_LIMIT
 
-    def limit(con) -> str:
-        return con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
-
-    reference = duckdb.connect()
-    reference.execute(f"SET memory_limit = '{DEFAULT_MEMORY_LIMIT}'")
-    capped = limit(reference)
-    reference.execute("SET memory_limit = '64MB'")
-    small = limit(reference)
-    reference.close()
+    capped = _shown_as(DEFAULT_MEMORY_LIMIT)
     con = connect(tmp_path / "case.duckdb")
-    assert limit(con) == capped
+    assert _limit(con) == capped
     con.close()
     con = connect(tmp_path / "case.duckdb", memory_limit="64MB")
-    assert limit(con) == small
+    assert _limit(con) == _shown_as("64MB")
     con.close()
     memory = connect(":memory:")
-    assert limit(memory) != capped  # an in-memory case keeps DuckDB's own limit
+    assert _limit(memory) != capped  # an in-memory case keeps DuckDB's own limit
     memory.close()
 
 
@@ -243,23 +249,12 @@ def test_a_large_case_database_gets_the_larger_default_on_a_machine_with_room(
 ):
     import os
 
-    import duckdb
-
     from forensics import db as db_module
+    from forensics.case import memory_bytes
     from forensics.db import DEFAULT_MEMORY_LIMIT, LARGE_CASE_LIMIT, default_memory_limit
 
-    def shown(con) -> str:
-        return con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
-
-    def setting(limit: str) -> str:
-        reference = duckdb.connect()
-        reference.execute(f"SET memory_limit = '{limit}'")
-        text = shown(reference)
-        reference.close()
-        return text
-
     real = os.sysconf
-    room = 4 * 3 * 1000**3 // real("SC_PAGE_SIZE")  # pages of four times the larger limit
+    room = 4 * memory_bytes(LARGE_CASE_LIMIT) // real("SC_PAGE_SIZE")  # pages of 4x the limit
 
     def machine(pages: int) -> None:
         monkeypatch.setattr(
@@ -285,14 +280,14 @@ def test_a_large_case_database_gets_the_larger_default_on_a_machine_with_room(
     path = tmp_path / "case.duckdb"
     connect(path).close()
     con = connect(path)
-    assert shown(con) == setting(DEFAULT_MEMORY_LIMIT)
+    assert _limit(con) == _shown_as(DEFAULT_MEMORY_LIMIT)
     con.close()
     monkeypatch.setattr(db_module, "LARGE_CASE_BYTES", 1)
     con = connect(path)
-    assert shown(con) == setting(LARGE_CASE_LIMIT)
+    assert _limit(con) == _shown_as(LARGE_CASE_LIMIT)
     con.close()
     con = connect(path, memory_limit="64MB")
-    assert shown(con) == setting("64MB")
+    assert _limit(con) == _shown_as("64MB")
     con.close()
 
 
