@@ -55,10 +55,10 @@ def tiny_reference(tmp_path_factory) -> Path:
 def batches(monkeypatch) -> list[int]:
     """The size of every batch of files ingest tried to load in one statement: positive when
     it loaded, negative when it was undone."""
-    import forensics.ingest as ingest
+    from forensics.ingest import batch
 
     seen: list[int] = []
-    real = ingest._load_batch
+    real = batch.load_batch
 
     def spy(con, batch, progress):
         loaded, alone = real(con, batch, progress)
@@ -69,5 +69,5 @@ def batches(monkeypatch) -> list[int]:
         ).fetchone() == (None,)
         return loaded, alone
 
-    monkeypatch.setattr(ingest, "_load_batch", spy)
+    monkeypatch.setattr(batch, "load_batch", spy)
     return seen

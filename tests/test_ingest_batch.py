@@ -260,28 +260,28 @@ def test_request_ids_are_stored_uncompressed_and_other_strings_compressed(tmp_pa
 def test_files_are_hashed_ahead_within_a_bound_and_as_file_sha256_hashes_them(
     tmp_path, monkeypatch
 ):
-    from forensics import ingest
+    from forensics.ingest import batch, file_sha256
 
-    monkeypatch.setattr(ingest, "BATCH_BYTES", 250)
+    monkeypatch.setattr(batch, "BATCH_BYTES", 250)
     paths = []
     for i in range(6):
         paths.append(tmp_path / f"f{i}.bin")
         paths[-1].write_bytes(bytes([i]) * 100)
     missing = tmp_path / "gone.bin"
-    hashes = ingest._HashesAhead([*paths[:3], missing, *paths[3:]])
+    hashes = batch.HashesAhead([*paths[:3], missing, *paths[3:]])
     try:
-        assert hashes.get(paths[0]) == ingest.file_sha256(paths[0])
+        assert hashes.get(paths[0]) == file_sha256(paths[0])
         # f0 asked for, then f1, f2 and the missing file (0 bytes) and f3: 300 bytes ahead.
         assert hashes._next == 5
         # f1 is passed over (its hash dropped), f2 asked for: the bound moves with it, to the
         # missing file, f3, f4 and f5 (300 bytes ahead; the file that passes it is the last).
-        assert hashes.get(paths[2]) == ingest.file_sha256(paths[2])
+        assert hashes.get(paths[2]) == file_sha256(paths[2])
         assert sorted(hashes._futures) == [3, 4, 5, 6]
         with pytest.raises(FileNotFoundError):
             hashes.get(missing)
         # A file not among those to come, or asked for again, is hashed then and there.
-        assert hashes.get(paths[0]) == ingest.file_sha256(paths[0])
-        assert [hashes.get(p) for p in paths[3:]] == [ingest.file_sha256(p) for p in paths[3:]]
+        assert hashes.get(paths[0]) == file_sha256(paths[0])
+        assert [hashes.get(p) for p in paths[3:]] == [file_sha256(p) for p in paths[3:]]
         assert hashes._futures == {}
     finally:
         hashes.close()
