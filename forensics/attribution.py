@@ -62,6 +62,8 @@ class TimelineRow(NamedTuple):
     free_at: datetime | None
     size_known: bool  # generated tokens from the client record or the engine's count
     admit_by: datetime | None  # timed by its arrival: the latest it can have had its pages
+    # Its admission's queue order is not settled by the logs (timeline.sql): None, or the run.
+    queue_run: int | None = None
 
 
 class Exposure(NamedTuple):
@@ -108,10 +110,15 @@ class VictimStatus:
             choice, and so the named writers, may be off.
         unknown_pages: stale pages the victim read whose last writer is not in the replayed
             history (written before the logs begin, or never written).
+        unsettled: what it read differs between the two orders of a queue run (legs admitted
+            together whose queue order the logs do not settle): every writer of either order
+            is named, those read in one order only one confidence step lower, each with the
+            larger of its two amounts.
     """
 
     drifted: bool = False
     unknown_pages: int = 0
+    unsettled: bool = False
 
 
 class PagePool:
@@ -374,6 +381,21 @@ def attribute(
                     )
                 )
                 drifted_victims.append(m.request_id)
+            elif st.unsettled:
+                # Both orders of a queue run were replayed: every writer either order names is
+                # listed, those of one order only a step lower. No candidate by time is needed.
+                why = (
+                    "legs admitted with it, or with the writers of its pages, entered the queue"
+                    " in an order the logs do not settle; sources read in one order only are"
+                    " one confidence step lower, and each amount is the larger of the two orders'"
+                )
+                if st.unknown_pages:
+                    why += (
+                        f"; {st.unknown_pages:,} stale pages were last written before the"
+                        " replayed history begins (or never)"
+                    )
+                unsettled = (m.request_id, node, rank, method, "approximate", st.unknown_pages)
+                statuses.append(AttributionStatus(*unsettled, why))
             else:
                 note = (
                     f"{st.unknown_pages:,} stale pages were last written before the replayed"
@@ -568,7 +590,7 @@ _GROUP = "node = $node AND (dp_rank = $rank OR ($rank IS NULL AND dp_rank IS NUL
 
 # One decode rank's timeline as the replay reads it: its requests in allocation order.
 _TIMELINE_COLUMNS = """request_id, tenant_id, prompt_tokens, completion_tokens, source_table,
-                       free_at, size_known, admit_by"""
+                       free_at, size_known, admit_by, queue_run"""
 
 
 def replay_events_sql(rank: tuple[str, ...]) -> str:
@@ -731,6 +753,9 @@ def rank_arrays(timeline: Any, events: Any, victims: dict[str, Victim]) -> tuple
         pc.fill_null(_epoch_us(timeline.column("admit_by")), NEVER)
         .combine_chunks()
         .to_numpy(zero_copy_only=False),
+        pc.fill_null(timeline.column("queue_run").cast(pa.int64()), -1)
+        .combine_chunks()
+        .to_numpy(zero_copy_only=False),
     )
 
 
@@ -757,26 +782,26 @@ def rank_exposures(
     rank's timeline as :func:`rank_arrays` took it."""
     import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     rows = rows.select(["request_id", "tenant_id", "source_table", "free_at"])
     states = found.victims
     statuses: dict[str, VictimStatus] = {}
-    # Per victim row: its request, tenant and the confidence of what it read.
-    recipient: dict[int, tuple[str, str | None, str]] = {}
-    for row, drifted, unknown in zip(
+    # Per victim row: its request, tenant and the confidence of what it read: of a read both
+    # orders of a queue run agree on, and of one they do not (a step lower).
+    recipient: dict[int, tuple[str, str | None, str, str]] = {}
+    for row, drifted, unknown, unsettled in zip(
         states["row"].tolist(),
         states["drifted"].tolist(),
         states["unknown_pages"].tolist(),
+        states["unsettled"].tolist(),
         strict=True,
     ):
         rid, table = rows.column("request_id")[row].as_py(), rows["source_table"][row].as_py()
         # A request with two allocations here keeps the status of its later one.
-        statuses[rid] = VictimStatus(drifted=drifted, unknown_pages=unknown)
-        recipient[row] = (
-            rid,
-            victims[rid].tenant_id,
-            _confidence("allocator_replay", table, drifted),
-        )
+        statuses[rid] = VictimStatus(drifted=drifted, unknown_pages=unknown, unsettled=unsettled)
+        confidence = _confidence("allocator_replay", table, drifted)
+        recipient[row] = (rid, victims[rid].tenant_id, confidence, _lower(confidence))
     reads = found.reads
     # Each read's victim, as a position among the few victims: their values are looked
     # up once each, and every read takes them by position.
@@ -797,12 +822,14 @@ def rank_exposures(
             "source_tenant_id": sources.column("tenant_id"),
             "method": pa.array(["allocator_replay"] * n, pa.string()),
             "tokens": pa.array(reads["tokens"], pa.int64()),
-            "confidence": victim_column(2),
+            "confidence": pc.if_else(
+                pa.array(reads["settled"], pa.bool_()), victim_column(2), victim_column(3)
+            ),
             "rank": pa.nulls(n, pa.int32()),
             "source_released_at": sources.column("free_at"),
         }
     )
-    return table, statuses, _drift_warning(found.shortfalls, found.guesses)
+    return table, statuses, _drift_warning(found.shortfalls, found.guesses, found.queue_runs)
 
 
 def _allocation_log(con, node: str, rank) -> tuple[list[TimelineRow], list[tuple]]:
@@ -904,7 +931,7 @@ def _walk(
     return exposures, statuses, None
 
 
-def _drift_warning(shortfalls: int, guesses: int) -> str | None:
+def _drift_warning(shortfalls: int, guesses: int, queue_runs: int = 0) -> str | None:
     """Why a replayed rank's sources are approximate, if they are.
 
     >>> _drift_warning(0, 0) is None
@@ -915,6 +942,10 @@ def _drift_warning(shortfalls: int, guesses: int) -> str | None:
     begin, so sources are approximate
     >>> _drift_warning(0, 3).split(",")[0]
     '3 decode legs have no client record and no count of generated tokens'
+    >>> print(_drift_warning(0, 0, 2))
+    2 groups of decode legs admitted together entered the queue within 100 microseconds of one
+    another: the logs do not settle their order, so the replay tried both: a source read in one
+    order only is one confidence step lower, and an amount the larger of the two orders'
     """
     from forensics.terminal import plural
 
@@ -935,6 +966,14 @@ def _drift_warning(shortfalls: int, guesses: int) -> str | None:
             " count of generated tokens, so the replayed pool is approximate"
             + (f"; {warning}" if warning else "")
         )
+    if queue_runs:
+        ran = (
+            f"{plural(queue_runs, 'group')} of decode legs admitted together entered the queue"
+            " within 100 microseconds of one another: the logs do not settle their order, so"
+            " the replay tried both: a source read in one order only is one confidence step"
+            " lower, and an amount the larger of the two orders'"
+        )
+        warning = f"{warning}; {ran}" if warning else ran
     return warning
 
 
@@ -980,6 +1019,16 @@ def _insert_exposures(con, exposure_rows) -> None:
     con.unregister("exposure_rows")
 
 
+def _lower(confidence: str) -> str:
+    """One confidence step lower (the lowest stays).
+
+    >>> _lower("high"), _lower("very_low")
+    ('medium', 'very_low')
+    """
+    at = CONFIDENCE_ORDER.index(confidence)
+    return CONFIDENCE_ORDER[min(at + 1, len(CONFIDENCE_ORDER) - 1)]
+
+
 def _confidence(method: str, source_table: str, drifted: bool = False) -> str:
     """Confidence of a page-level exposure; a drifted replay drops one step.
 
@@ -990,9 +1039,7 @@ def _confidence(method: str, source_table: str, drifted: bool = False) -> str:
     if method == "allocation_log":
         return "exact"
     base = "high" if source_table == "engine_legs" else "medium"
-    if drifted:
-        return CONFIDENCE_ORDER[CONFIDENCE_ORDER.index(base) + 1]
-    return base
+    return _lower(base) if drifted else base
 
 
 def _insert_statuses(con, rows: list[AttributionStatus]) -> None:

@@ -18,6 +18,10 @@ walks the same rule a stretch at a time, so the work per rank is a few array ope
   waits, as in the engine's preallocation queue: the first later free that makes room is found
   by a cumulative sum of what each free gives back, and the allocations that arrived before
   that free are taken after it, in order.
+- Allocations of one admission whose order in the queue the logs do not settle (a *queue
+  run*: their entries lie within the rounding of the logged durations) are replayed in both
+  orders, the run's allocations reversed the second time. A writer a victim read in both
+  orders is settled (its amount the larger of the two); one it read in one order only is not.
 
 Nothing here knows DuckDB: a rank is a handful of NumPy arrays, so any scheduler (threads
 here, one task per rank elsewhere) can run :func:`replay_rank` as it is. Allocations and
@@ -46,20 +50,29 @@ class RankReplay:
     """What replaying one rank found.
 
     Attributes:
-        reads: one row per (victim, writer): the victim's timeline row, the writer's, and
-            how many tokens of the victim's stale pages the writer's KV filled.
+        reads: one row per (victim, writer): the victim's timeline row, the writer's, how
+            many tokens of the victim's stale pages the writer's KV filled (the more of the
+            two orders of a queue run), and whether that read is ``settled``: made in both
+            orders.
         victims: one row per victim allocation replayed (in event order): its timeline row,
             whether the replay had drifted by then (an earlier allocation of its pool did not
-            fit or had a guessed size, or its own did not fit), and its stale pages whose
-            writer is not in the replayed history.
+            fit or had a guessed size, or its own did not fit), its stale pages whose writer
+            is not in the replayed history, and whether what it read is ``unsettled``: it
+            differs in any way between the two orders of a queue run.
         shortfalls: allocations the replayed pool could not hold in full.
         guesses: allocations sized without knowing their generated tokens.
+        queue_runs: queue runs replayed in their other order too.
     """
 
     reads: dict[str, np.ndarray]
     victims: dict[str, np.ndarray]
     shortfalls: int = 0
     guesses: int = 0
+    queue_runs: int = 0
+
+
+_READS = {"victim": "int64", "writer": "int64", "tokens": "int64", "settled": "bool"}
+_VICTIMS = {"row": "int64", "drifted": "bool", "unknown_pages": "int64", "unsettled": "bool"}
 
 
 def replay_rank(
@@ -74,6 +87,7 @@ def replay_rank(
     may_wait: np.ndarray | None = None,
     at: np.ndarray | None = None,
     admit_by: np.ndarray | None = None,
+    queue_run: np.ndarray | None = None,
 ) -> RankReplay:
     """Replay one rank's events through its page pool.
 
@@ -88,6 +102,8 @@ def replay_rank(
         at, admit_by: per event its instant, and per row the latest instant its allocation
             agrees with the logs (its first token); an allocation that waited past it counts
             as a shortfall. None: not checked.
+        queue_run: per timeline row, the queue run it belongs to (rows of one admission whose
+            order in the queue the logs do not settle), or -1. None: no row does.
 
     Events before the first pool start have no pool to replay against and are skipped.
 
@@ -98,17 +114,30 @@ def replay_rank(
     ...                   completion_tokens=np.array([1, 1]),
     ...                   size_known=np.array([True, True]), victim=np.array([False, True]))
     >>> {k: v.tolist() for k, v in out.reads.items()}
-    {'victim': [1], 'writer': [0], 'tokens': [5]}
+    {'victim': [1], 'writer': [0], 'tokens': [5], 'settled': [True]}
     """
     import numpy as np
 
-    kind = np.asarray(kind)
+    kind, row = np.asarray(kind), np.asarray(row)
+    rows = _Rows(prompt_tokens, completion_tokens, size_known, victim, may_wait, admit_by)
+    instants = np.zeros(len(kind), dtype=np.int64) if at is None else np.asarray(at, np.int64)
+    found = _replay_in_order(kind, row, pool_tokens, page_size, rows, instants)
+    if queue_run is not None:
+        other, runs = _other_order(kind, row, np.asarray(queue_run, dtype=np.int64))
+        if runs:
+            alt = _replay_in_order(kind, other, pool_tokens, page_size, rows, instants)
+            found = _settle(found, alt, len(rows.prompt), runs)
+    return found
+
+
+def _replay_in_order(kind, row, pool_tokens, page_size, rows: _Rows, instants) -> RankReplay:
+    """Replay the events in the order given, pool start by pool start."""
+    import numpy as np
+
     starts = np.flatnonzero(kind == POOL_START)
     found: list[dict[str, np.ndarray]] = []
     states: list[dict[str, np.ndarray]] = []
     shortfalls = guesses = 0
-    rows = _Rows(prompt_tokens, completion_tokens, size_known, victim, may_wait, admit_by)
-    instants = np.zeros(len(kind), dtype=np.int64) if at is None else np.asarray(at, np.int64)
     for s, begin in enumerate(starts):
         end = starts[s + 1] if s + 1 < len(starts) else len(kind)
         size = int(page_size[begin]) or 1
@@ -125,10 +154,83 @@ def replay_rank(
         shortfalls += segment.shortfalls
         guesses += segment.guesses
     return RankReplay(
-        reads=_concat(found, {"victim": np.int64, "writer": np.int64, "tokens": np.int64}),
-        victims=_concat(states, {"row": np.int64, "drifted": np.bool_, "unknown_pages": np.int64}),
+        reads=_concat(found, _READS),
+        victims=_concat(states, _VICTIMS),
         shortfalls=shortfalls,
         guesses=guesses,
+    )
+
+
+def _other_order(kind: np.ndarray, row: np.ndarray, queue_run: np.ndarray) -> tuple:
+    """The events' rows with each queue run's allocations reversed (the events themselves,
+    and so every instant, stay where they are), and how many runs there are.
+
+    >>> import numpy as np
+    >>> kinds = np.array([POOL_START, ALLOC, ALLOC, ALLOC, FREE, ALLOC, ALLOC])
+    >>> rows = np.array([0, 0, 1, 2, 0, 3, 4])
+    >>> other, runs = _other_order(kinds, rows, np.array([-1, 7, 7, -1, 7]))
+    >>> other.tolist(), runs
+    ([0, 0, 4, 2, 0, 3, 1], 1)
+    """
+    import numpy as np
+
+    alloc = np.flatnonzero(kind == ALLOC)
+    run = queue_run[row[alloc]]
+    alloc, run = alloc[run >= 0], run[run >= 0]
+    if not len(alloc):
+        return row, 0
+    order = np.argsort(run, kind="stable")  # each run's allocations together, in event order
+    alloc, run = alloc[order], run[order]
+    first = np.flatnonzero(np.r_[True, run[1:] != run[:-1]])
+    lengths = np.diff(np.r_[first, len(run)])
+    start = np.repeat(first, lengths)
+    mirror = 2 * start + np.repeat(lengths, lengths) - 1 - np.arange(len(run))
+    other = row.copy()
+    other[alloc] = row[alloc[mirror]]
+    return other, len(first)
+
+
+def _settle(base: RankReplay, alt: RankReplay, n_rows: int, runs: int) -> RankReplay:
+    """One replay of both orders of the queue runs: every (victim, writer) read in either,
+    with the larger amount, settled when both orders made it; a victim is unsettled when
+    anything it read differs between them (a writer, an amount, its pages of no known
+    writer)."""
+    import numpy as np
+
+    def keyed(reads):
+        return reads["victim"] * (n_rows + 1) + reads["writer"], reads["tokens"]
+
+    (kb, tb), (ka, ta) = keyed(base.reads), keyed(alt.reads)
+    keys = np.union1d(kb, ka)
+    tokens_b, tokens_a = np.zeros(len(keys), np.int64), np.zeros(len(keys), np.int64)
+    tokens_b[np.searchsorted(keys, kb)] = tb
+    tokens_a[np.searchsorted(keys, ka)] = ta
+    settled = (tokens_b > 0) & (tokens_a > 0)
+    reads = {
+        "victim": keys // (n_rows + 1),
+        "writer": keys % (n_rows + 1),
+        "tokens": np.maximum(tokens_b, tokens_a),
+        "settled": settled,
+    }
+    # The same allocations are victims in both orders: line them up by timeline row.
+    vb, va = base.victims, alt.victims
+    ob, oa = np.argsort(vb["row"], kind="stable"), np.argsort(va["row"], kind="stable")
+    if not np.array_equal(vb["row"][ob], va["row"][oa]):
+        raise RuntimeError("the two orders of a queue run replayed different victims")
+    unknown_b, unknown_a = vb["unknown_pages"][ob], va["unknown_pages"][oa]
+    victims = {
+        "row": vb["row"][ob],
+        "drifted": vb["drifted"][ob] | va["drifted"][oa],
+        "unknown_pages": np.maximum(unknown_b, unknown_a),
+        "unsettled": np.isin(vb["row"][ob], reads["victim"][tokens_b != tokens_a])
+        | (unknown_b != unknown_a),
+    }
+    return RankReplay(
+        reads=reads,
+        victims=victims,
+        shortfalls=max(base.shortfalls, alt.shortfalls),
+        guesses=base.guesses,
+        queue_runs=runs,
     )
 
 
@@ -294,7 +396,7 @@ class _Rows:
         )
 
 
-def _concat(parts: list[dict[str, np.ndarray]], dtypes: dict[str, type]) -> dict:
+def _concat(parts: list[dict[str, np.ndarray]], dtypes: dict[str, str]) -> dict:
     import numpy as np
 
     return {
@@ -478,12 +580,19 @@ class _Segment:
             "row": owner[at],
             "drifted": (earlier[at] > 0) | short[at],
             "unknown_pages": np.array([u for _, u in victims], dtype=np.int64),
+            "unsettled": np.zeros(len(at), dtype=np.bool_),  # one order alone settles all
         }
         if reads:
             victim_rows, writers, counts = (np.concatenate(c) for c in zip(*reads, strict=True))
         else:
             victim_rows = writers = counts = np.zeros(0, dtype=np.int64)
-        return {"victim": victim_rows, "writer": writers, "tokens": counts * ps}, state
+        settled = np.ones(len(victim_rows), dtype=np.bool_)
+        return {
+            "victim": victim_rows,
+            "writer": writers,
+            "tokens": counts * ps,
+            "settled": settled,
+        }, state
 
     @staticmethod
     def _pages_of(gone, regions, region_of, offset, taken) -> list[np.ndarray]:

@@ -349,7 +349,8 @@ FINDINGS_DDL = {
   source_excluded_by VARCHAR)""",
     # Per notified affected response: how completely its sources are known. status: complete
     # (every stale page's writer named), partial (some pages' writers precede the logs),
-    # approximate (the replay had drifted: candidates added), candidates (temporal only),
+    # approximate (the replay had drifted: candidates added; or a queue order the logs do not
+    # settle: both orders' writers named), candidates (temporal only),
     # none (no decode node or allocation found).
     "findings_attribution": """CREATE OR REPLACE TEMP TABLE findings_attribution (
   recipient_request_id VARCHAR, node VARCHAR, dp_rank BIGINT, method VARCHAR, status VARCHAR,

@@ -635,7 +635,7 @@ _REPLAY_OUTPUT = (
     "part STRING, node STRING, dp_rank BIGINT, recipient_request_id STRING, "
     "recipient_tenant_id STRING, source_request_id STRING, source_tenant_id STRING, "
     "method STRING, tokens BIGINT, confidence STRING, source_released_at TIMESTAMP, "
-    "drifted BOOLEAN, unknown_pages BIGINT, warning STRING"
+    "drifted BOOLEAN, unknown_pages BIGINT, unsettled BOOLEAN, warning STRING"
 )
 
 
@@ -722,6 +722,7 @@ def _rank_task(victims: dict[tuple[str, int | None], dict[str, Any]]):
                 "recipient_request_id": list(statuses),
                 "drifted": [s.drifted for s in statuses.values()],
                 "unknown_pages": [s.unknown_pages for s in statuses.values()],
+                "unsettled": [s.unsettled for s in statuses.values()],
             }
         )
         summary = pd.DataFrame({"part": ["rank"], "warning": [warning]})
@@ -765,7 +766,9 @@ def _replays_by_rank(table, ranks):
             "rank", pa.nulls(mine.num_rows, pa.int32())
         )
         statuses = {
-            r["recipient_request_id"]: VictimStatus(r["drifted"], r["unknown_pages"])
+            r["recipient_request_id"]: VictimStatus(
+                r["drifted"], r["unknown_pages"], r["unsettled"]
+            )
             for r in items
             if r["part"] == "status"
         }

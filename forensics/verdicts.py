@@ -14,8 +14,9 @@ NOTIFIED_VERDICTS = ("confirmed", "likely")
 
 # Attribution confidences, best first: the one order for notifications, notices and reports.
 # exact: allocation log; high: allocator replay over engine legs; medium: the same replay over
-# client times (or an engine-leg replay that had drifted); low: a drifted client-time replay,
-# or a release on the same node within the overlap window; very_low: an earlier release there.
+# client times (or an engine-leg replay that had drifted, or a writer it read in one order of
+# a queue run only); low: the same for a client-time replay, or a release on the same node
+# within the overlap window; very_low: an earlier release there.
 CONFIDENCE_ORDER = ("exact", "high", "medium", "low", "very_low")
 # A source tenant is notified only on page-level evidence at one of these confidences; a
 # tenant named only at a lower one is a candidate and goes to the review list.

@@ -197,6 +197,69 @@ def test_a_victim_reads_the_writers_of_pages_freed_before_it():
     assert out.victims["drifted"].tolist() == [False]
 
 
+def reads_of(out) -> list[tuple[int, int, bool]]:
+    """(writer, tokens, settled) of every read, by writer."""
+    r = out.reads
+    return sorted(
+        zip(r["writer"].tolist(), r["tokens"].tolist(), r["settled"].tolist(), strict=True)
+    )
+
+
+def test_a_queue_run_is_replayed_in_both_orders():
+    # As above, but A and B were admitted together in an order the logs do not settle (one
+    # queue run). Reversed, B takes 1-3 and A 4-6: V reads 2 tokens of B and 3 of A. Both
+    # writers are read either way (settled), each with its larger amount; V is unsettled.
+    kind = [POOL_START, ALLOC, ALLOC, FREE, FREE, ALLOC]
+    row = [0, 0, 1, 0, 1, 2]
+    out = one_pool(10, kind, row, [3, 3, 7], [0, 0, 1], [False, False, True], queue_run=[4, 4, -1])
+    assert reads_of(out) == [(0, 3, True), (1, 3, True)]
+    assert out.victims["unsettled"].tolist() == [True]
+    assert out.victims["drifted"].tolist() == [False]
+    assert out.queue_runs == 1
+    # Without the run, one order: A 2, B 3, settled, and nothing else to say.
+    out = one_pool(10, kind, row, [3, 3, 7], [0, 0, 1], [False, False, True])
+    assert reads_of(out) == [(0, 2, True), (1, 3, True)]
+    assert out.victims["unsettled"].tolist() == [False] and out.queue_runs == 0
+
+
+def test_a_writer_read_in_one_order_only_is_not_settled():
+    # Pool of 10: A (1-3) and B (4-6) one queue run, C takes 7-10 and keeps them; A and B are
+    # freed; V (2 pages) merges 1-6 back and takes 1-2. Its stale page 2 is A's in the logged
+    # order and B's in the other: each is named, neither settled.
+    kind = [POOL_START, ALLOC, ALLOC, ALLOC, FREE, FREE, ALLOC]
+    row = [0, 0, 1, 2, 0, 1, 3]
+    out = one_pool(
+        10,
+        kind,
+        row,
+        [3, 3, 4, 2],
+        [0, 0, 0, 0],
+        [False, False, False, True],
+        queue_run=[7, 7, -1, -1],
+    )
+    assert reads_of(out) == [(0, 1, False), (1, 1, False)]
+    assert out.victims["unsettled"].tolist() == [True]
+
+
+def test_a_queue_run_the_victim_never_reads_changes_nothing():
+    # C (1-4) is freed; A (5-7) and B (8-10), one queue run, still hold their pages when V
+    # (3 pages) merges C's back and takes 1-3: it reads C's pages 2-3 in either order.
+    kind = [POOL_START, ALLOC, ALLOC, ALLOC, FREE, ALLOC]
+    row = [0, 0, 1, 2, 0, 3]
+    out = one_pool(
+        10,
+        kind,
+        row,
+        [4, 3, 3, 3],
+        [0, 0, 0, 0],
+        [False, False, False, True],
+        queue_run=[-1, 9, 9, -1],
+    )
+    assert reads_of(out) == [(0, 2, True)]
+    assert out.victims["unsettled"].tolist() == [False]
+    assert out.queue_runs == 1
+
+
 def queued_rank(wait: bool, first_token: int = NEVER):
     """Pool of 10 pages. A (8 pages) arrives at 0, then V (a victim wanting 5) at 1, then C
     (1 page) at 2; A is released at 10, then V and C. Timed by arrival, V and C wait for A's

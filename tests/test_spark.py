@@ -192,8 +192,9 @@ def test_each_translated_construct_has_the_value_duckdb_gives(workspace):
 def test_legs_admitted_together_are_placed_as_duckdb_places_them(workspace):
     # The decode timeline's first-in-first-out placement of legs allocated together (windows
     # over timestamps, intervals of microseconds, a rank that is NULL): three legs of one
-    # admission whose rebuilt times tie and run against their queue entries, two more 100 us
-    # apart, one with no wait logged, and an admission on a rank no log names.
+    # admission whose rebuilt times tie and run against their queue entries, a fourth whose
+    # entry lies within 100 us of one of theirs (a queue run), two more 100 us apart, one with
+    # no wait logged, and an admission on a rank no log names.
     import duckdb
 
     from forensics.sql import run_sql_file
@@ -211,6 +212,7 @@ def test_legs_admitted_together_are_placed_as_duckdb_places_them(workspace):
         leg("a", 0, 5, 1.0),  # entered third
         leg("b", 0, 5, 3.0),  # entered first
         leg("c", 0, 6, 2.0),
+        leg("i", 0, 20, 2.00005),  # entered 36 us before c: their order is not settled
         leg("d", 0, 300, 9.0),  # 100 us and more from the rest: as logged
         leg("e", 0, 400, 0.5),
         leg("f", 0, 410),  # no wait logged: as logged
@@ -235,15 +237,21 @@ def test_legs_admitted_together_are_placed_as_duckdb_places_them(workspace):
             target.execute(statement)
         run_sql_file(target, "timeline.sql")
     query = """SELECT request_id, dp_rank, epoch_us(alloc_at) - epoch_us(TIMESTAMPTZ
-               '2026-08-28 10:00:10+00') AS at_us FROM decode_timeline ORDER BY ALL"""
+               '2026-08-28 10:00:10+00') AS at_us, queue_run FROM decode_timeline ORDER BY ALL"""
     duck = con.execute(query).fetchall()
+    runs = {rid: run for rid, _, _, run in duck}
+    assert runs["c"] is not None and runs["c"] == runs["i"]
+    assert [rid for rid, run in runs.items() if run is not None] == ["c", "i"]
     assert workspace.execute(query).fetchall() == duck
-    assert sorted(duck, key=lambda r: (r[1] is not None, r[1], r[2])) == [
+    placed = [r[:3] for r in duck]
+    # b, i, c, a entered in that order and take the admission's instants (5, 6, 7, 20) so.
+    assert sorted(placed, key=lambda r: (r[1] is not None, r[1], r[2])) == [
         ("h", None, 7),
         ("g", None, 9),
         ("b", 0, 5),
-        ("c", 0, 6),
-        ("a", 0, 7),
+        ("i", 0, 6),
+        ("c", 0, 7),
+        ("a", 0, 20),
         ("d", 0, 300),
         ("e", 0, 400),
         ("f", 0, 410),

@@ -52,8 +52,31 @@ placed AS (
          row_number() OVER (PARTITION BY node, dp_rank, admission
                             ORDER BY started_at, client_request_id) AS by_time,
          row_number() OVER (PARTITION BY node, dp_rank, admission
-                            ORDER BY entered_at, client_request_id) AS by_entry
+                            ORDER BY entered_at, client_request_id) AS by_entry,
+         entered_at - lag(entered_at) OVER (PARTITION BY node, dp_rank, admission
+                                            ORDER BY entered_at, client_request_id)
+           AS entry_gap,
+         lead(entered_at) OVER (PARTITION BY node, dp_rank, admission
+                                ORDER BY entered_at, client_request_id) - entered_at
+           AS entry_gap_after
   FROM together
+),
+-- A queue entry is an instant less a wait, each rebuilt from durations rounded to 10
+-- microseconds: some 50 microseconds off in all. Legs of one admission that entered within
+-- twice that of one another may have entered in either order, and which pages each took
+-- follows that order. Such legs form a queue run (an id unique within the rank; NULL for every
+-- other row), and the replay tries the run's other order too (forensics/replay.py).
+queued AS (
+  SELECT *,
+         CASE WHEN coalesce(entry_gap <= to_microseconds(100), false)
+                OR coalesce(entry_gap_after <= to_microseconds(100), false)
+              THEN CAST(admission * 1048576
+                        + sum(CASE WHEN coalesce(entry_gap <= to_microseconds(100), false)
+                                   THEN 0 ELSE 1 END)
+                            OVER (PARTITION BY node, dp_rank, admission ORDER BY by_entry
+                                  ROWS UNBOUNDED PRECEDING) AS BIGINT)
+         END AS queue_run
+  FROM placed
 ),
 instants AS (
   -- The admission's k-th instant, at least a microsecond after the one before it.
@@ -64,16 +87,17 @@ instants AS (
   FROM placed
 ),
 decode_legs AS (
-  SELECT client_request_id, node, dp_rank, started_at, finished_at, reserved_tokens
+  SELECT client_request_id, node, dp_rank, started_at, finished_at, reserved_tokens,
+         NULL::BIGINT AS queue_run
   FROM legs WHERE prealloc_wait_s IS NULL
   UNION ALL
-  SELECT client_request_id, node, dp_rank, started_at, finished_at, reserved_tokens
+  SELECT client_request_id, node, dp_rank, started_at, finished_at, reserved_tokens, NULL
   FROM waited
   WHERE NOT admitted_with_others
   UNION ALL
   SELECT p.client_request_id, p.node, p.dp_rank, least(i.at, p.finished_at), p.finished_at,
-         p.reserved_tokens
-  FROM placed p
+         p.reserved_tokens, p.queue_run
+  FROM queued p
   JOIN instants i
     ON i.node = p.node AND i.dp_rank IS NOT DISTINCT FROM p.dp_rank AND i.admission = p.admission
    AND i.by_time = p.by_entry
@@ -96,7 +120,8 @@ SELECT r.request_id, r.tenant_id,
        END AS admit_by,
        -- The allocation's size is known: the generated tokens come from the client record, or
        -- from the engine's own count when it has none.
-       r.client_record OR r.completion_tokens IS NOT NULL AS size_known
+       r.client_record OR r.completion_tokens IS NOT NULL AS size_known,
+       l.queue_run
 FROM all_requests r
 LEFT JOIN decode_legs l
   ON l.client_request_id = r.request_id AND coalesce(l.reserved_tokens, r.prompt_tokens) > 0
