@@ -829,7 +829,11 @@ def rank_exposures(
             "source_released_at": sources.column("free_at"),
         }
     )
-    return table, statuses, _drift_warning(found.shortfalls, found.guesses, found.queue_runs)
+    return (
+        table,
+        statuses,
+        _drift_warning(found.shortfalls, found.guesses, found.queue_runs, found.crowded),
+    )
 
 
 def _allocation_log(con, node: str, rank) -> tuple[list[TimelineRow], list[tuple]]:
@@ -931,7 +935,9 @@ def _walk(
     return exposures, statuses, None
 
 
-def _drift_warning(shortfalls: int, guesses: int, queue_runs: int = 0) -> str | None:
+def _drift_warning(
+    shortfalls: int, guesses: int, queue_runs: int = 0, crowded: int = 0
+) -> str | None:
     """Why a replayed rank's sources are approximate, if they are.
 
     >>> _drift_warning(0, 0) is None
@@ -946,6 +952,10 @@ def _drift_warning(shortfalls: int, guesses: int, queue_runs: int = 0) -> str | 
     2 groups of decode legs admitted together entered the queue within 100 microseconds of one
     another: the logs do not settle their order, so the replay tried both: a source read in one
     order only is one confidence step lower, and an amount the larger of the two orders'
+    >>> print(_drift_warning(0, 0, 1, 3).split("; ")[1])
+    3 decode legs were admitted together with two or more others whose queue entries lie within
+    100 microseconds of theirs: too many orders to try, so a response among them has approximate
+    sources, and one reading their pages has them one confidence step lower
     """
     from forensics.terminal import plural
 
@@ -974,6 +984,14 @@ def _drift_warning(shortfalls: int, guesses: int, queue_runs: int = 0) -> str | 
             " lower, and an amount the larger of the two orders'"
         )
         warning = f"{warning}; {ran}" if warning else ran
+    if crowded:
+        crowd = (
+            f"{plural(crowded, 'decode leg was', 'decode legs were')} admitted together with two"
+            " or more others whose queue entries lie within 100 microseconds of theirs: too"
+            " many orders to try, so a response among them has approximate sources, and one"
+            " reading their pages has them one confidence step lower"
+        )
+        warning = f"{warning}; {crowd}" if warning else crowd
     return warning
 
 

@@ -22,6 +22,9 @@ walks the same rule a stretch at a time, so the work per rank is a few array ope
   run*: their entries lie within the rounding of the logged durations) are replayed in both
   orders, the run's allocations reversed the second time. A writer a victim read in both
   orders is settled (its amount the larger of the two); one it read in one order only is not.
+  Two orders are all the orders of a run of two; a run of three or more has orders neither
+  tries, so a page one of its members wrote is never settled, and a victim in one counts as
+  drifted.
 
 Nothing here knows DuckDB: a rank is a handful of NumPy arrays, so any scheduler (threads
 here, one task per rank elsewhere) can run :func:`replay_rank` as it is. Allocations and
@@ -53,15 +56,18 @@ class RankReplay:
         reads: one row per (victim, writer): the victim's timeline row, the writer's, how
             many tokens of the victim's stale pages the writer's KV filled (the more of the
             two orders of a queue run), and whether that read is ``settled``: made in both
-            orders.
+            orders, its writer in no queue run of three or more.
         victims: one row per victim allocation replayed (in event order): its timeline row,
             whether the replay had drifted by then (an earlier allocation of its pool did not
-            fit or had a guessed size, or its own did not fit), its stale pages whose writer
+            fit or had a guessed size, or its own did not fit, or it is in a queue run of three
+            or more), its stale pages whose writer
             is not in the replayed history, and whether what it read is ``unsettled``: it
-            differs in any way between the two orders of a queue run.
+            differs in any way between the two orders of a queue run, or some of it was
+            written by a member of a run of three or more.
         shortfalls: allocations the replayed pool could not hold in full.
         guesses: allocations sized without knowing their generated tokens.
         queue_runs: queue runs replayed in their other order too.
+        crowded: allocations in queue runs of three or more, whose other orders are not tried.
     """
 
     reads: dict[str, np.ndarray]
@@ -69,6 +75,7 @@ class RankReplay:
     shortfalls: int = 0
     guesses: int = 0
     queue_runs: int = 0
+    crowded: int = 0
 
 
 _READS = {"victim": "int64", "writer": "int64", "tokens": "int64", "settled": "bool"}
@@ -120,6 +127,8 @@ def replay_rank(
 
     kind, row = np.asarray(kind), np.asarray(row)
     rows = _Rows(prompt_tokens, completion_tokens, size_known, victim, may_wait, admit_by)
+    if queue_run is not None:
+        rows.crowded = _in_crowded_run(np.asarray(queue_run, dtype=np.int64))
     instants = np.zeros(len(kind), dtype=np.int64) if at is None else np.asarray(at, np.int64)
     found = _replay_in_order(kind, row, pool_tokens, page_size, rows, instants)
     if queue_run is not None:
@@ -137,7 +146,7 @@ def _replay_in_order(kind, row, pool_tokens, page_size, rows: _Rows, instants) -
     starts = np.flatnonzero(kind == POOL_START)
     found: list[dict[str, np.ndarray]] = []
     states: list[dict[str, np.ndarray]] = []
-    shortfalls = guesses = 0
+    shortfalls = guesses = crowded = 0
     for s, begin in enumerate(starts):
         end = starts[s + 1] if s + 1 < len(starts) else len(kind)
         size = int(page_size[begin]) or 1
@@ -153,12 +162,27 @@ def _replay_in_order(kind, row, pool_tokens, page_size, rows: _Rows, instants) -
         states.append(state)
         shortfalls += segment.shortfalls
         guesses += segment.guesses
+        crowded += segment.crowded
     return RankReplay(
         reads=_concat(found, _READS),
         victims=_concat(states, _VICTIMS),
         shortfalls=shortfalls,
         guesses=guesses,
+        crowded=crowded,
     )
+
+
+def _in_crowded_run(queue_run: np.ndarray) -> np.ndarray:
+    """Per timeline row, whether it is in a queue run of three or more rows.
+
+    >>> import numpy as np
+    >>> _in_crowded_run(np.array([-1, 4, 4, 9, 9, 9, -1])).tolist()
+    [False, False, False, True, True, True, False]
+    """
+    import numpy as np
+
+    runs, members = np.unique(queue_run[queue_run >= 0], return_counts=True)
+    return np.isin(queue_run, runs[members >= 3])
 
 
 def _other_order(kind: np.ndarray, row: np.ndarray, queue_run: np.ndarray) -> tuple:
@@ -187,7 +211,8 @@ def _other_order(kind: np.ndarray, row: np.ndarray, queue_run: np.ndarray) -> tu
     mirror = 2 * start + np.repeat(lengths, lengths) - 1 - np.arange(len(run))
     other = row.copy()
     other[alloc] = row[alloc[mirror]]
-    return other, len(first)
+    # A run with one allocation here (the others took no pages on this rank) has no other order.
+    return other, int((lengths > 1).sum())
 
 
 def _settle(base: RankReplay, alt: RankReplay, n_rows: int, runs: int) -> RankReplay:
@@ -205,7 +230,12 @@ def _settle(base: RankReplay, alt: RankReplay, n_rows: int, runs: int) -> RankRe
     tokens_b, tokens_a = np.zeros(len(keys), np.int64), np.zeros(len(keys), np.int64)
     tokens_b[np.searchsorted(keys, kb)] = tb
     tokens_a[np.searchsorted(keys, ka)] = ta
-    settled = (tokens_b > 0) & (tokens_a > 0)
+    # Settled: made in both orders, and settled in each (a writer in a queue run of three or
+    # more never is).
+    sure = np.ones(len(keys), np.bool_)
+    sure[np.searchsorted(keys, kb)] &= base.reads["settled"]
+    sure[np.searchsorted(keys, ka)] &= alt.reads["settled"]
+    settled = (tokens_b > 0) & (tokens_a > 0) & sure
     reads = {
         "victim": keys // (n_rows + 1),
         "writer": keys % (n_rows + 1),
@@ -222,7 +252,7 @@ def _settle(base: RankReplay, alt: RankReplay, n_rows: int, runs: int) -> RankRe
         "row": vb["row"][ob],
         "drifted": vb["drifted"][ob] | va["drifted"][oa],
         "unknown_pages": np.maximum(unknown_b, unknown_a),
-        "unsettled": np.isin(vb["row"][ob], reads["victim"][tokens_b != tokens_a])
+        "unsettled": np.isin(vb["row"][ob], reads["victim"][(tokens_b != tokens_a) | ~sure])
         | (unknown_b != unknown_a),
     }
     return RankReplay(
@@ -231,6 +261,7 @@ def _settle(base: RankReplay, alt: RankReplay, n_rows: int, runs: int) -> RankRe
         shortfalls=max(base.shortfalls, alt.shortfalls),
         guesses=base.guesses,
         queue_runs=runs,
+        crowded=base.crowded,
     )
 
 
@@ -394,6 +425,8 @@ class _Rows:
             if admit_by is None
             else np.asarray(admit_by, dtype=np.int64)
         )
+        # In a queue run of three or more (replay_rank sets it).
+        self.crowded = np.zeros(len(self.prompt), dtype=np.bool_)
 
 
 def _concat(parts: list[dict[str, np.ndarray]], dtypes: dict[str, str]) -> dict:
@@ -449,7 +482,7 @@ class _Segment:
     ):
         self.pages, self.page_size = pages, page_size
         self.kind, self.row, self.at = kind, row, at
-        self.shortfalls = self.guesses = 0
+        self.shortfalls = self.guesses = self.crowded = 0
 
     def replay(self, rows: _Rows) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         import numpy as np
@@ -572,21 +605,27 @@ class _Segment:
             k = stop
         self.shortfalls += int(short.sum())
         self.guesses += int((~rows.size_known[owner]).sum())
+        crowded = rows.crowded[owner]
+        self.crowded += int(crowded.sum())
         # Drift before an allocation: an earlier one of this pool did not fit or was a guess.
-        guessed = ~rows.size_known[owner]
-        earlier: np.ndarray = np.cumsum(short | guessed) - (short | guessed)
+        doubt = short | ~rows.size_known[owner]
+        earlier: np.ndarray = np.cumsum(doubt) - doubt
         at = np.array([v for v, _ in victims], dtype=np.int64)
-        state = {
-            "row": owner[at],
-            "drifted": (earlier[at] > 0) | short[at],
-            "unknown_pages": np.array([u for _, u in victims], dtype=np.int64),
-            "unsettled": np.zeros(len(at), dtype=np.bool_),  # one order alone settles all
-        }
         if reads:
             victim_rows, writers, counts = (np.concatenate(c) for c in zip(*reads, strict=True))
         else:
             victim_rows = writers = counts = np.zeros(0, dtype=np.int64)
-        settled = np.ones(len(victim_rows), dtype=np.bool_)
+        # A queue run of three or more took its pages in an order neither replayed order may
+        # be: which of its members wrote a page it took is not settled, and a victim in one
+        # may have had other pages, so its sources are approximate (but not every later
+        # victim's: the run's pages are the same in any order).
+        settled = ~rows.crowded[writers]
+        state = {
+            "row": owner[at],
+            "drifted": (earlier[at] > 0) | short[at] | crowded[at],
+            "unknown_pages": np.array([u for _, u in victims], dtype=np.int64),
+            "unsettled": np.isin(owner[at], victim_rows[~settled]),
+        }
         return {
             "victim": victim_rows,
             "writer": writers,

@@ -260,6 +260,31 @@ def test_a_queue_run_the_victim_never_reads_changes_nothing():
     assert out.queue_runs == 1
 
 
+def test_a_queue_run_of_three_is_never_settled():
+    # A, B and C (2 pages each) are one queue run of three; D takes 7-10 and keeps them; the
+    # three are freed and V (3 pages) merges 1-6 back and takes 1-3, reading pages 2 and 3.
+    # Logged order A, B, C: A's page 2, B's page 3; reversed: C's and B's. The run's other
+    # orders (B first, say) are tried by neither, so no read of its pages is settled, B's
+    # included; V itself is not in the run, so its replay has not drifted.
+    kind = [POOL_START, ALLOC, ALLOC, ALLOC, ALLOC, FREE, FREE, FREE, ALLOC]
+    row = [0, 0, 1, 2, 3, 0, 1, 2, 4]
+    sizes = dict(prompt=[2, 2, 2, 4, 3], completion=[0] * 5, victim=[False] * 4 + [True])
+
+    def replay(queue_run):
+        return one_pool(10, kind, row, **sizes, queue_run=queue_run)
+
+    out = replay([5, 5, 5, -1, -1])
+    assert reads_of(out) == [(0, 1, False), (1, 1, False), (2, 1, False)]
+    assert out.victims["unsettled"].tolist() == [True]
+    assert out.victims["drifted"].tolist() == [False]
+    assert out.crowded == 3 and out.queue_runs == 1
+    # V in such a run has its own pages in doubt: its replay counts as drifted.
+    out = replay([-1, -1, -1, 6, 6])
+    assert out.victims["drifted"].tolist() == [False]  # a run of two: both orders tried
+    out = replay([-1, 6, -1, 6, 6])
+    assert out.victims["drifted"].tolist() == [True]
+
+
 def queued_rank(wait: bool, first_token: int = NEVER):
     """Pool of 10 pages. A (8 pages) arrives at 0, then V (a victim wanting 5) at 1, then C
     (1 page) at 2; A is released at 10, then V and C. Timed by arrival, V and C wait for A's

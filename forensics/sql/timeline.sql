@@ -12,7 +12,9 @@ WITH legs AS (
               THEN TRY_CAST(json_extract_string(extra, '$.prealloc_wait_s') AS DOUBLE) END
            AS prealloc_wait_s
   FROM matched_legs
-  WHERE role IN ('decode', 'unified') AND error IS NULL
+  -- An engine request's legs come twice, once without a client_request_id: that copy would
+  -- stand beside its twin as a leg admitted with it.
+  WHERE role IN ('decode', 'unified') AND error IS NULL AND client_request_id IS NOT NULL
 ),
 -- A decode leg whose allocation instant an adapter rebuilt from logged durations (SGLang's
 -- time stats: to 10 microseconds each, so to some 30 microseconds in all) may be placed a few
