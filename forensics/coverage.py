@@ -47,8 +47,9 @@ def coverage_statement(
     """One sentence on coverage that qualifies every conclusion of the report.
 
     ``missing_legs`` counts requests that have engine legs, but not from a node the client log
-    routed them to, or (engine logs alone) a completed prefill leg with no decode leg anywhere:
-    either way a node's log lacks a leg, and which node it is the logs may not say.
+    routed them to, or (engine logs alone) a completed prefill leg with no decode leg anywhere,
+    or a decode leg with no prefill leg: either way a node's log lacks a leg, and which node it
+    is the logs may not say.
 
     >>> coverage_statement(0, 0, 0, 10)["level"]
     'complete'
@@ -211,7 +212,8 @@ NAMED_NODES = 5
 def unlogged_node_warnings(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
     """A warning for each side (prefill, decode) with nodes that served traffic but whose log
     was not loaded at all: the client log routed successful requests there, or (engine logs
-    alone) the node reported its KV pool while completed prefills have no decode leg anywhere.
+    alone) the node reported its KV pool while completed prefills have no decode leg anywhere,
+    or decode legs no prefill leg.
     Coverage counts those requests, but a count of missing legs does not tell a responder which
     file to fetch, and with no client log the responses such a node served over stale pages
     stay unresolved leads (``rejection_unresolved``), not notices. A node that reported its
@@ -245,8 +247,9 @@ def unlogged_node_warnings(con: duckdb.DuckDBPyConnection) -> list[tuple[str, st
            WHERE l.node IS NULL AND (r.n > 0 OR a.n > 0)
            ORDER BY routed DESC, u.node"""
     ).fetchall()
-    unresolved = scalar(
-        con, "SELECT count(*) FROM findings_signals WHERE signal = 'rejection_unresolved'"
+    unresolved, unplaced = (
+        scalar(con, f"SELECT count(*) FROM findings_signals WHERE signal = '{signal}'")
+        for signal in ("rejection_unresolved", "over_pool_unplaced")
     )
     out = []
     for side in ("decode", "prefill"):
@@ -265,10 +268,16 @@ def unlogged_node_warnings(con: duckdb.DuckDBPyConnection) -> list[tuple[str, st
                 f"the client log routed at least {plural(routed, 'successful request')} there"
             )
         if anywhere and any(not n for _, n, _ in nodes):
+            has = "has" if anywhere == 1 else "have"
             evidence.append(
                 f"{'it' if one else 'they'} reported a KV pool while"
-                f" {plural(anywhere, 'engine request')} whose prefill completed"
-                f" {'has' if anywhere == 1 else 'have'} no decode leg anywhere"
+                + (
+                    f" {plural(anywhere, 'engine request')} whose prefill completed {has}"
+                    " no decode leg anywhere"
+                    if side == "decode"
+                    else f" {plural(anywhere, 'engine request')} with a decode leg {has} no"
+                    " prefill leg anywhere"
+                )
             )
         if side == "decode":
             consequence = (
@@ -287,6 +296,13 @@ def unlogged_node_warnings(con: duckdb.DuckDBPyConnection) -> list[tuple[str, st
                 "the prompts prefilled there are judged from the other logs alone: a rejection"
                 " logged there, or a prompt cut short on its way to decode, is not seen"
             )
+            if unplaced:
+                consequence += (
+                    f"; {plural(unplaced, 'answered prompt')} with no prefill node on record"
+                    " reached the smallest prefill limit in force but not the largest, and stay"
+                    " possible (over_pool_unplaced), not notified: the limit of the node that"
+                    " took them would settle it"
+                )
         out.append(
             (
                 "node_unlogged",

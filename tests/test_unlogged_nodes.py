@@ -115,6 +115,29 @@ def test_a_missing_prefill_log_is_named_too(simulated, tmp_path):
     assert "a rejection logged there, or a prompt cut short on its way to decode" in message
 
 
+def test_a_missing_prefill_log_is_named_when_engine_logs_are_all_there_is(simulated, tmp_path):
+    # A decode leg is the second half of a PD request: with no prefill leg anywhere, a prefill
+    # log is missing, and the node whose limit the prompt met is unknown.
+    folder = _copy(simulated["sglang"], tmp_path)
+    (folder / "evidence" / "sglang" / "prefill-1.log.gz").unlink()
+    warnings, con = _detect(folder)
+    [message] = _unlogged(warnings)
+    [(lacking,)] = con.execute(
+        "SELECT rows FROM findings_coverage WHERE scope = 'leg_missing:prefill' AND node IS NULL"
+    ).fetchall()
+    [(unplaced,)] = con.execute(
+        "SELECT count(*) FROM findings_signals WHERE signal = 'over_pool_unplaced'"
+    ).fetchall()
+    assert lacking > 0
+    assert message.startswith(
+        f"No prefill log was loaded for prefill-1, though it reported a KV pool while {lacking:,}"
+        " engine requests with a decode leg have no prefill leg anywhere: the prompts prefilled"
+        " there are judged from the other logs alone"
+    )
+    said = "stay possible (over_pool_unplaced), not notified" in message
+    assert said == (unplaced > 0)
+
+
 def test_no_warning_when_every_node_that_served_traffic_has_its_log(simulated, tmp_path):
     folder = _copy(simulated["canonical"], tmp_path)
 

@@ -152,9 +152,24 @@ WHERE e.prefill_node IS NOT NULL AND e.decode_node IS NULL
   AND (p.start_at IS NULL OR e.received_at >= p.start_at)
   AND (p.end_at IS NULL OR e.received_at <= p.end_at);
 
+-- The other way round: a decode leg is the second half of a PD request, whose first half a
+-- prefill node logs (a rejection too). A decode leg with no prefill leg anywhere lost it to a
+-- prefill log that is missing, and with it the node whose limit the prompt met.
+INSERT INTO coverage_missing_legs
+SELECT e.request_id, 'prefill', NULL, e.received_at
+FROM engine_requests e, detect_params p
+WHERE e.prefill_node IS NULL
+  AND e.engine_key IN (SELECT engine_key FROM orphan_legs WHERE role = 'decode')
+  AND (p.start_at IS NULL OR e.received_at >= p.start_at)
+  AND (p.end_at IS NULL OR e.received_at <= p.end_at);
+
 INSERT INTO findings_coverage
 SELECT 'leg_missing:' || role, node, count(*), min(received_at), max(received_at), 0, 0,
-       CASE WHEN node IS NULL
+       CASE WHEN node IS NULL AND role = 'prefill'
+            THEN format('{} engine requests with a decode leg but no prefill leg anywhere (a'
+                        || ' prefill log is missing for them; which node, the logs do not say)',
+                        count(*))
+            WHEN node IS NULL
             THEN format('{} engine requests whose prefill completed with no {} leg anywhere (a'
                         || ' {} log is missing for them; which node, the logs do not say)',
                         count(*), role, role)
