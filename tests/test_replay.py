@@ -427,3 +427,26 @@ def test_workers_do_not_run_the_callers_script_again(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "4\n"
+
+
+def test_two_orders_that_disagree_on_their_victims_leave_the_logged_order_approximate():
+    from forensics.replay import RankReplay, _settle
+
+    def one(victim_row: int) -> RankReplay:
+        reads = {
+            "victim": np.array([victim_row]),
+            "writer": np.array([0]),
+            "tokens": np.array([4]),
+            "settled": np.array([True]),
+        }
+        victims = {
+            "row": np.array([victim_row]),
+            "drifted": np.array([False]),
+            "unknown_pages": np.array([0]),
+            "unsettled": np.array([False]),
+        }
+        return RankReplay(reads, victims)
+
+    out = _settle(one(1), one(2), n_rows=3, runs=1)
+    assert out.reads["victim"].tolist() == [1] and out.victims["row"].tolist() == [1]
+    assert out.victims["drifted"].tolist() == [True] and out.queue_runs == 1
