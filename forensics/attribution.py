@@ -299,6 +299,15 @@ def attribute(
                 f"Attribution: {_DOING['allocator_replay']} {where}", position[key], len(ordered)
             )
 
+    # Responses the verdicts left possible that carry an over-limit signal: had they been
+    # affected, they wrote only their first page and their answer, and the rest of their pages
+    # held older KV. The replay tries them both ways (replay.replay_rank, ``maybe_victim``).
+    con.execute(
+        f"""CREATE OR REPLACE TEMP TABLE maybe_victims AS
+            SELECT DISTINCT a.request_id AS maybe_id FROM findings_affected a
+            JOIN findings_signals s ON s.request_id = a.request_id
+            WHERE NOT notified_verdict(a.verdict) AND s.signal IN {MAYBE_SIGNALS}"""
+    )
     # A rank with no timeline rows replays nothing.
     replays: dict[tuple[str, int | None], Any] = dict.fromkeys(replayed_ranks, (None, {}, None))
     # An engine that schedules the replay itself (Spark: one task per rank) runs the same
@@ -382,12 +391,15 @@ def attribute(
                 )
                 drifted_victims.append(m.request_id)
             elif st.unsettled:
-                # Both orders of a queue run were replayed: every writer either order names is
-                # listed, those of one order only a step lower. No candidate by time is needed.
+                # Both ways were replayed (a queue run's orders, maybe victims writing or not):
+                # every writer either names is listed, those of one only a step lower. No
+                # candidate by time is needed.
                 why = (
-                    "legs admitted with it, or with the writers of its pages, entered the queue"
-                    " in an order the logs do not settle; sources read in one order only are"
-                    " one confidence step lower, and each amount is the larger of the two orders'"
+                    "what it read depends on what the logs do not settle (the queue order of"
+                    " legs admitted together, or whether a response judged possible was"
+                    " affected: the rank's warning says which); the replay tried both ways, a"
+                    " source read one way only is one confidence step lower, and each amount"
+                    " is the larger of the two"
                 )
                 if st.unknown_pages:
                     why += (
@@ -448,6 +460,7 @@ def attribute(
 # that the later steps need for their own spill.
 WORKING_TABLES = (
     "decode_timeline",
+    "maybe_victims",
     "replay_timelines",
     "temporal_victims",
     "temporal_recent",
@@ -585,6 +598,13 @@ _DOING = {
     "temporal": "temporal candidates on",
 }
 
+# Signals that say a prompt may have gone over its prefill node's limit.
+MAYBE_SIGNALS = "('over_pool', 'over_pool_unplaced', 'prefill_rejected', 'rejection_unresolved')"
+
+# The timeline stream's flag of a maybe victim (``maybe_victims``), for a timeline ``s``.
+MAYBE_JOIN = "LEFT JOIN maybe_victims mv ON mv.maybe_id = s.request_id"
+MAYBE_COLUMN = "mv.maybe_id IS NOT NULL AS maybe_victim"
+
 _GROUP = "node = $node AND (dp_rank = $rank OR ($rank IS NULL AND dp_rank IS NULL))"
 
 
@@ -649,8 +669,9 @@ class _ReplayStreams:
         con.execute(
             f"""CREATE OR REPLACE TEMP TABLE replay_timelines AS
                SELECT s.rowid - f.first AS idx, f.first AS span, s.node, s.dp_rank, s.alloc_at,
-                      {_TIMELINE_COLUMNS}
+                      {_TIMELINE_COLUMNS}, {MAYBE_COLUMN}
                FROM decode_timeline s
+               {MAYBE_JOIN}
                JOIN (SELECT UNNEST($spans, recursive := true)) f
                  ON f.node = s.node AND f.dp_rank IS NOT DISTINCT FROM s.dp_rank
                WHERE s.rowid BETWEEN $lo AND $hi AND s.alloc_at IS NOT NULL""",
@@ -661,7 +682,7 @@ class _ReplayStreams:
             },
         )
         self._timeline = con.sql(
-            f"""SELECT {_TIMELINE_COLUMNS}
+            f"""SELECT {_TIMELINE_COLUMNS}, maybe_victim
                 FROM replay_timelines ORDER BY span, idx"""
         ).to_arrow_table()
         # Engine order within a rank (replay_events_sql). At one instant allocations follow
@@ -756,6 +777,11 @@ def rank_arrays(timeline: Any, events: Any, victims: dict[str, Victim]) -> tuple
         pc.fill_null(timeline.column("queue_run").cast(pa.int64()), -1)
         .combine_chunks()
         .to_numpy(zero_copy_only=False),
+        pc.fill_null(timeline.column("maybe_victim"), False)
+        .combine_chunks()
+        .to_numpy(zero_copy_only=False)
+        if "maybe_victim" in timeline.column_names
+        else None,
     )
 
 
@@ -832,7 +858,9 @@ def rank_exposures(
     return (
         table,
         statuses,
-        _drift_warning(found.shortfalls, found.guesses, found.queue_runs, found.crowded),
+        _drift_warning(
+            found.shortfalls, found.guesses, found.queue_runs, found.crowded, found.maybe
+        ),
     )
 
 
@@ -936,7 +964,7 @@ def _walk(
 
 
 def _drift_warning(
-    shortfalls: int, guesses: int, queue_runs: int = 0, crowded: int = 0
+    shortfalls: int, guesses: int, queue_runs: int = 0, crowded: int = 0, maybe: int = 0
 ) -> str | None:
     """Why a replayed rank's sources are approximate, if they are.
 
@@ -952,6 +980,11 @@ def _drift_warning(
     2 groups of decode legs admitted together entered the queue within 100 microseconds of one
     another: the logs do not settle their order, so the replay tried both: a source read in one
     order only is one confidence step lower, and an amount the larger of the two orders'
+    >>> print(_drift_warning(0, 0, 0, 0, 2))
+    2 responses judged possible (a prompt that may have gone over its prefill limit, not
+    confirmed) took pages here, and what a response read depends on whether they were affected
+    (then they left older KV in their prompt's pages): the replay tried both, and a source read
+    one way only is one confidence step lower
     >>> print(_drift_warning(0, 0, 1, 3).split("; ")[1])
     3 decode legs were admitted together with two or more others whose queue entries lie within
     100 microseconds of theirs: too many orders to try, so a response among them has approximate
@@ -992,6 +1025,15 @@ def _drift_warning(
             " reading their pages has them one confidence step lower"
         )
         warning = f"{warning}; {crowd}" if warning else crowd
+    if maybe:
+        doubt = (
+            f"{plural(maybe, 'response')} judged possible (a prompt that may have gone over its"
+            " prefill limit, not confirmed) took pages here, and what a response read depends"
+            " on whether they were affected (then they left older KV in their prompt's pages):"
+            " the replay tried both, and a source read one way only is one confidence step"
+            " lower"
+        )
+        warning = f"{warning}; {doubt}" if warning else doubt
     return warning
 
 

@@ -34,6 +34,7 @@ most once.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -67,6 +68,8 @@ class RankReplay:
         guesses: allocations sized without knowing their generated tokens.
         queue_runs: queue runs replayed in their other order too.
         crowded: allocations in queue runs of three or more, whose other orders are not tried.
+        maybe: maybe victims on the rank (see :func:`replay_rank`) where they changed what
+            some victim read; 0 otherwise.
     """
 
     reads: dict[str, np.ndarray]
@@ -75,6 +78,7 @@ class RankReplay:
     guesses: int = 0
     queue_runs: int = 0
     crowded: int = 0
+    maybe: int = 0
 
 
 _READS = {"victim": "int64", "writer": "int64", "tokens": "int64", "settled": "bool"}
@@ -94,6 +98,7 @@ def replay_rank(
     at: np.ndarray | None = None,
     admit_by: np.ndarray | None = None,
     queue_run: np.ndarray | None = None,
+    maybe_victim: np.ndarray | None = None,
 ) -> RankReplay:
     """Replay one rank's events through its page pool.
 
@@ -110,6 +115,10 @@ def replay_rank(
             as a shortfall. None: not checked.
         queue_run: per timeline row, the queue run it belongs to (rows of one admission whose
             order in the queue the logs do not settle), or -1. None: no row does.
+        maybe_victim: per timeline row, whether it may have been a victim that was not judged
+            one (its prompt perhaps over its prefill limit): the replay's other pass has it
+            write only what a victim writes (its first page and its answer), so the older
+            writers of the rest of its pages are named too. None: no row.
 
     Events before the first pool start have no pool to replay against and are skipped.
 
@@ -130,11 +139,21 @@ def replay_rank(
         rows.crowded = _in_crowded_run(np.asarray(queue_run, dtype=np.int64))
     instants = np.zeros(len(kind), dtype=np.int64) if at is None else np.asarray(at, np.int64)
     found = _replay_in_order(kind, row, pool_tokens, page_size, rows, instants)
+    other, runs = row, 0
     if queue_run is not None:
         other, runs = _other_order(kind, row, np.asarray(queue_run, dtype=np.int64))
-        if runs:
-            alt = _replay_in_order(kind, other, pool_tokens, page_size, rows, instants)
-            found = _settle(found, alt, len(rows.prompt), runs)
+    maybe, alt_rows = 0, rows
+    if maybe_victim is not None:
+        flag = np.asarray(maybe_victim, dtype=np.bool_) & ~rows.victim
+        maybe = int(flag.sum())
+        if maybe:
+            alt_rows = copy.copy(rows)
+            alt_rows.stale = rows.victim | flag
+    if runs or maybe:
+        alt = _replay_in_order(kind, other, pool_tokens, page_size, alt_rows, instants)
+        found = _settle(found, alt, len(rows.prompt), runs)
+        # Said only where the maybe victims changed what some victim read.
+        found.maybe = maybe if found.victims["unsettled"].any() else 0
     return found
 
 
@@ -429,6 +448,9 @@ class _Rows:
         )
         # In a queue run of three or more (replay_rank sets it).
         self.crowded = np.zeros(len(self.prompt), dtype=np.bool_)
+        # Writes only its first page and its answer, as a victim does (replay_rank's other
+        # pass adds the maybe victims).
+        self.stale = self.victim
 
 
 def _concat(parts: list[dict[str, np.ndarray]], dtypes: dict[str, str]) -> dict:
@@ -680,12 +702,12 @@ class _Segment:
         if not total:
             return
         who = np.repeat(owner[members], sizes)
-        if not rows.victim[owner[members]].any():
+        if not rows.stale[owner[members]].any():
             writer[region] = who
             return
         ps = self.page_size
         at = np.arange(total) - np.repeat(np.cumsum(sizes) - sizes, sizes)
         prompt, completion = rows.prompt[who], rows.completion[who]
         own = (at == 0) | ((at >= prompt // ps) & (at < ceil_div(prompt + completion, ps)))
-        keep = ~rows.victim[who] | own
+        keep = ~rows.stale[who] | own
         writer[region[keep]] = who[keep]

@@ -650,7 +650,12 @@ def replay_ranks(
     timeline rows), each victim's status and the rank's drift warning."""
     import pyarrow as pa
 
-    from forensics.attribution import _TIMELINE_COLUMNS, replay_events_sql
+    from forensics.attribution import (
+        _TIMELINE_COLUMNS,
+        MAYBE_COLUMN,
+        MAYBE_JOIN,
+        replay_events_sql,
+    )
 
     if not ranks:
         return {}
@@ -667,12 +672,13 @@ def replay_ranks(
     # A row's place in its rank's allocation order, as the single-machine sort gives it.
     ws.execute(
         f"""CREATE OR REPLACE TEMP TABLE replay_timelines AS
-            SELECT row_number() OVER (PARTITION BY t.node, t.dp_rank
-                                      ORDER BY t.alloc_at, t.request_id) - 1 AS idx,
-                   t.node, t.dp_rank, t.alloc_at, {_TIMELINE_COLUMNS}
-            FROM decode_timeline t
-            JOIN replay_ranks g ON g.node = t.node AND g.dp_rank IS NOT DISTINCT FROM t.dp_rank
-            WHERE t.alloc_at IS NOT NULL"""
+            SELECT row_number() OVER (PARTITION BY s.node, s.dp_rank
+                                      ORDER BY s.alloc_at, s.request_id) - 1 AS idx,
+                   s.node, s.dp_rank, s.alloc_at, {_TIMELINE_COLUMNS}, {MAYBE_COLUMN}
+            FROM decode_timeline s
+            {MAYBE_JOIN}
+            JOIN replay_ranks g ON g.node = s.node AND g.dp_rank IS NOT DISTINCT FROM s.dp_rank
+            WHERE s.alloc_at IS NOT NULL"""
     )
     timelines = ws.session.table("replay_timelines")
     events = ws.sql(replay_events_sql(("node", "dp_rank"))).dataframe

@@ -572,7 +572,9 @@ def test_legs_admitted_together_take_the_queues_order_not_their_rounded_times(
     unsettled = [w for w in summary.warnings if "do not settle their order" in w]
     if w_entered_us < 100:
         assert reads == [("V", "A", 16, "high"), ("V", "X", 12, "medium")]
-        assert status[0] == "approximate" and "order the logs do not settle" in status[1]
+        assert (
+            status[0] == "approximate" and "the queue order of legs admitted together" in status[1]
+        )
         assert len(unsettled) == 1 and "d0 rank 0: 1 group of decode legs" in unsettled[0]
         return
     assert status == ("complete", None) and unsettled == []

@@ -450,3 +450,21 @@ def test_two_orders_that_disagree_on_their_victims_leave_the_logged_order_approx
     out = _settle(one(1), one(2), n_rows=3, runs=1)
     assert out.reads["victim"].tolist() == [1] and out.victims["row"].tolist() == [1]
     assert out.victims["drifted"].tolist() == [True] and out.queue_runs == 1
+
+
+def test_a_maybe_victim_is_replayed_as_writer_and_as_victim():
+    # Pool of 4: A (1-4) is freed; M (a response judged possible: its prompt may have gone
+    # over its prefill limit) takes 1-4 and is freed; V (4 pages) takes them again. Had M been
+    # affected it wrote only its first page and left A's KV on pages 2-4 (its answer is empty):
+    # V read either M's prompt or A's, and neither is settled. Without the flag, M alone.
+    kind = [POOL_START, ALLOC, FREE, ALLOC, FREE, ALLOC]
+    row = [0, 0, 0, 1, 1, 2]
+    sizes = dict(prompt=[4, 4, 4], completion=[0, 0, 0], victim=[False, False, True])
+    out = one_pool(4, kind, row, **sizes, maybe_victim=[False, True, False])
+    assert reads_of(out) == [(0, 3, False), (1, 3, False)]
+    assert out.victims["unsettled"].tolist() == [True] and out.maybe == 1
+    out = one_pool(4, kind, row, **sizes)
+    assert reads_of(out) == [(1, 3, True)] and out.maybe == 0
+    # A flag on a response that changes nothing any victim read is not reported.
+    out = one_pool(4, kind, row, **sizes, maybe_victim=[True, False, False])
+    assert reads_of(out) == [(1, 3, True)] and out.maybe == 0
