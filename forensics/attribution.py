@@ -110,10 +110,10 @@ class VictimStatus:
             choice, and so the named writers, may be off.
         unknown_pages: stale pages the victim read whose last writer is not in the replayed
             history (written before the logs begin, or never written).
-        unsettled: what it read differs between the two orders of a queue run (legs admitted
-            together whose queue order the logs do not settle): every writer of either order
-            is named, those read in one order only one confidence step lower, each with the
-            larger of its two amounts.
+        unsettled: what it read differs between the replay's two passes (the two orders of a
+            queue run, legs admitted together in an order the logs do not settle; responses
+            judged possible writing as a victim or not): every writer either names is listed,
+            those read one way only one confidence step lower, each with the larger amount.
     """
 
     drifted: bool = False
@@ -779,9 +779,7 @@ def rank_arrays(timeline: Any, events: Any, victims: dict[str, Victim]) -> tuple
         .to_numpy(zero_copy_only=False),
         pc.fill_null(timeline.column("maybe_victim"), False)
         .combine_chunks()
-        .to_numpy(zero_copy_only=False)
-        if "maybe_victim" in timeline.column_names
-        else None,
+        .to_numpy(zero_copy_only=False),
     )
 
 
@@ -992,49 +990,45 @@ def _drift_warning(
     """
     from forensics.terminal import plural
 
-    warning = None
+    parts = []
+    if guesses:
+        # With neither the client record nor the engine's count of a leg's generated tokens,
+        # its allocation size is a guess and every later allocation on the rank may be shifted.
+        parts.append(
+            f"{plural(guesses, 'decode leg has', 'decode legs have')} no client record and no"
+            " count of generated tokens, so the replayed pool is approximate"
+        )
     if shortfalls:
-        warning = (
+        parts.append(
             # Timed by its arrival, an allocation may wait for room, but not past its first
             # token (nor its release).
             f"{plural(shortfalls, 'allocation')} did not fit the replayed pool when the logs"
             " place it (timed by its arrival, not before its first token); the logs are"
             " incomplete or the pool was not empty when they begin, so sources are approximate"
         )
-    if guesses:
-        # With neither the client record nor the engine's count of a leg's generated tokens,
-        # its allocation size is a guess and every later allocation on the rank may be shifted.
-        warning = (
-            f"{plural(guesses, 'decode leg has', 'decode legs have')} no client record and no"
-            " count of generated tokens, so the replayed pool is approximate"
-            + (f"; {warning}" if warning else "")
-        )
     if queue_runs:
-        ran = (
+        parts.append(
             f"{plural(queue_runs, 'group')} of decode legs admitted together entered the queue"
             " within 100 microseconds of one another: the logs do not settle their order, so"
             " the replay tried both: a source read in one order only is one confidence step"
             " lower, and an amount the larger of the two orders'"
         )
-        warning = f"{warning}; {ran}" if warning else ran
     if crowded:
-        crowd = (
+        parts.append(
             f"{plural(crowded, 'decode leg was', 'decode legs were')} admitted together with two"
             " or more others whose queue entries lie within 100 microseconds of theirs: too"
             " many orders to try, so a response among them has approximate sources, and one"
             " reading their pages has them one confidence step lower"
         )
-        warning = f"{warning}; {crowd}" if warning else crowd
     if maybe:
-        doubt = (
+        parts.append(
             f"{plural(maybe, 'response')} judged possible (a prompt that may have gone over its"
             " prefill limit, not confirmed) took pages here, and what a response read depends"
             " on whether they were affected (then they left older KV in their prompt's pages):"
             " the replay tried both, and a source read one way only is one confidence step"
             " lower"
         )
-        warning = f"{warning}; {doubt}" if warning else doubt
-    return warning
+    return "; ".join(parts) or None
 
 
 def unknown_stale_pages(pool: PagePool, pages: np.ndarray, prompt_tokens: int, page_size: int):

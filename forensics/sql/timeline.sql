@@ -55,12 +55,12 @@ placed AS (
                             ORDER BY started_at, client_request_id) AS by_time,
          row_number() OVER (PARTITION BY node, dp_rank, admission
                             ORDER BY entered_at, client_request_id) AS by_entry,
-         entered_at - lag(entered_at) OVER (PARTITION BY node, dp_rank, admission
-                                            ORDER BY entered_at, client_request_id)
-           AS entry_gap,
-         lead(entered_at) OVER (PARTITION BY node, dp_rank, admission
-                                ORDER BY entered_at, client_request_id) - entered_at
-           AS entry_gap_after
+         coalesce(entered_at - lag(entered_at) OVER (PARTITION BY node, dp_rank, admission
+                                                     ORDER BY entered_at, client_request_id)
+                    <= to_microseconds(100), false) AS near_previous,
+         coalesce(lead(entered_at) OVER (PARTITION BY node, dp_rank, admission
+                                         ORDER BY entered_at, client_request_id) - entered_at
+                    <= to_microseconds(100), false) AS near_next
   FROM together
 ),
 -- A queue entry is an instant less a wait, each rebuilt from durations rounded to 10
@@ -70,11 +70,9 @@ placed AS (
 -- other row), and the replay tries the run's other order too (forensics/replay.py).
 queued AS (
   SELECT *,
-         CASE WHEN coalesce(entry_gap <= to_microseconds(100), false)
-                OR coalesce(entry_gap_after <= to_microseconds(100), false)
+         CASE WHEN near_previous OR near_next
               THEN CAST(admission * 1048576
-                        + sum(CASE WHEN coalesce(entry_gap <= to_microseconds(100), false)
-                                   THEN 0 ELSE 1 END)
+                        + sum(CASE WHEN near_previous THEN 0 ELSE 1 END)
                             OVER (PARTITION BY node, dp_rank, admission ORDER BY by_entry
                                   ROWS UNBOUNDED PRECEDING) AS BIGINT)
          END AS queue_run
