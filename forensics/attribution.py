@@ -395,11 +395,10 @@ def attribute(
                 # every writer either names is listed, those of one only a step lower. No
                 # candidate by time is needed.
                 why = (
-                    "what it read depends on what the logs do not settle (the queue order of"
-                    " legs admitted together, or whether a response judged possible was"
-                    " affected: the rank's warning says which); the replay tried both ways, a"
-                    " source read one way only is one confidence step lower, and each amount"
-                    " is the larger of the two"
+                    f"{UNSETTLED_NOTE} (the queue order of legs admitted together, or whether a"
+                    " response judged possible was affected: the rank's warning says which);"
+                    " the replay tried both ways, a source read one way only is one confidence"
+                    " step lower, and each amount is the larger of the two"
                 )
                 if st.unknown_pages:
                     why += (
@@ -597,6 +596,10 @@ _DOING = {
     "allocator_replay": "replaying",
     "temporal": "temporal candidates on",
 }
+
+# How the note of an affected response whose replay's two passes differ begins (the evidence
+# basis counts those apart from a replay that drifted).
+UNSETTLED_NOTE = "what it read depends on what the logs do not settle"
 
 # Signals that say a prompt may have gone over its prefill node's limit.
 MAYBE_SIGNALS = "('over_pool', 'over_pool_unplaced', 'prefill_rejected', 'rejection_unresolved')"

@@ -81,17 +81,34 @@ def _engine_sources(con: duckdb.DuckDBPyConnection, allocation_log: bool) -> str
     )
     if allocation_log:
         return text + " (pages from the allocation log)."
-    approximate = scalar(
-        con, "SELECT count(*) FROM findings_attribution WHERE status = 'approximate'"
+    from forensics.attribution import UNSETTLED_NOTE
+    from forensics.terminal import plural
+
+    approximate, unsettled = (
+        scalar(
+            con,
+            "SELECT count(*) FROM findings_attribution WHERE status = 'approximate'"
+            f" AND coalesce(note, '') {like} LIKE '{UNSETTLED_NOTE}%'",
+        )
+        for like in ("NOT", "")
     )
     if approximate:
-        return text + (
+        text += (
             ". Some generated tokens are unknown without it, so the replayed pool is"
             f" approximate for {approximate:,} affected"
             f" {'response, which also gets' if approximate == 1 else 'responses, which also get'}"
             " nearby releases as review candidates."
         )
-    return text + ". The decode legs count their generated tokens: the replay guessed none."
+    else:
+        text += ". The decode legs count their generated tokens: the replay guessed none."
+    if unsettled:
+        text += (
+            f" For {plural(unsettled, 'affected response')} what was read depends on what the"
+            " logs do not settle (the queue order of legs admitted together, or whether a"
+            " response judged possible was affected): the sources of both ways are named, those"
+            " of one way only a confidence step lower."
+        )
+    return text
 
 
 def evidence_basis(con: duckdb.DuckDBPyConnection) -> EvidenceBasis:

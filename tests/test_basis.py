@@ -104,6 +104,8 @@ def test_one_side_of_the_engines_missing_is_named():
 def test_without_the_client_log_the_sources_say_what_attribution_found():
     """Engine records alone: the sources' caveat counts what the legs left unknown, rather than
     claim every tenant and every generated token lost."""
+    from forensics.attribution import UNSETTLED_NOTE
+
     con = _db("engine_legs", "prefill", "decode")
     exposure = "INSERT INTO findings_exposures (recipient_request_id, source_request_id,"
     exposure += " source_tenant_id) VALUES ('v1', ?, ?)"
@@ -124,6 +126,20 @@ def test_without_the_client_log_the_sources_say_what_attribution_found():
         " 1 source request read carries none, so its tenant is unknown. Some generated"
         " tokens are unknown without it, so the replayed pool is approximate for 1 affected"
         " response, which also gets nearby releases as review candidates."
+    )
+    # A response whose replay's two passes differ is approximate for another reason, and the
+    # basis says which (no guess, no candidates by time).
+    con.execute(
+        "UPDATE findings_attribution SET note = ? WHERE recipient_request_id = 'v2'",
+        [UNSETTLED_NOTE + " (the queue order ...)"],
+    )
+    unsettled = evidence_basis(con).caveats["sources"]
+    assert unsettled.endswith(
+        " its tenant is unknown. The decode legs count their generated tokens: the replay"
+        " guessed none. For 1 affected response what was read depends on what the logs do not"
+        " settle (the queue order of legs admitted together, or whether a response judged"
+        " possible was affected): the sources of both ways are named, those of one way only a"
+        " confidence step lower."
     )
 
 
