@@ -14,9 +14,9 @@ Notified, in two roles:
   not a cross-tenant exposure and notifies nobody.
 
 Review, each row with its reason: tenants named only as candidates (temporal proximity, or a
-replay that had drifted), tenants with ``possible`` verdicts only, and affected responses or
-sources whose tenant the logs do not name. A candidate is never told its data leaked; a
-responder decides.
+replay that had drifted), tenants with ``possible`` verdicts (a notified recipient's too: its
+notice leaves them out), and affected responses or sources whose tenant the logs do not name.
+A candidate is never told its data leaked; a responder decides.
 
 Both lists are written to ``findings_notifications`` and ``findings_review`` so the report, the
 CSVs and the notices read one source.
@@ -91,13 +91,16 @@ WITH candidate_sources AS (
     AND tenant_id NOT IN (SELECT tenant_id FROM findings_notifications WHERE role = 'source')
   GROUP BY tenant_id
 ),
-possible_only AS (
+-- A tenant notified for other responses is listed too: its notice leaves its possible
+-- responses out, and a responder settles them before the notice goes.
+possible AS (
   SELECT tenant_id, count(*) AS responses, min(received_at) AS first_at,
          max(received_at) AS last_at,
-         string_agg(DISTINCT signals, '; ' ORDER BY signals) AS signals
+         string_agg(DISTINCT signals, '; ' ORDER BY signals) AS signals,
+         tenant_id IN (SELECT tenant_id FROM findings_notifications WHERE role = 'recipient')
+           AS notified
   FROM findings_affected
   WHERE verdict = 'possible' AND excluded_by IS NULL AND tenant_id IS NOT NULL
-    AND tenant_id NOT IN (SELECT tenant_id FROM findings_notifications WHERE role = 'recipient')
   GROUP BY tenant_id
 ),
 unknown_recipients AS (
@@ -123,9 +126,13 @@ SELECT tenant_id, 'source', responses, first_at, last_at, confidence,
 FROM candidate_sources
 UNION ALL
 SELECT tenant_id, 'recipient', responses, first_at, last_at, 'possible',
-       'only possible verdicts: a weak signal alone, or one the engine''s own logs contradict',
+       CASE WHEN notified
+            THEN 'possible verdicts beside its notified responses, left out of its notice: a'
+              || ' weak signal alone, or one the engine''s own logs contradict'
+            ELSE 'only possible verdicts: a weak signal alone, or one the engine''s own logs'
+              || ' contradict' END,
        'signals: ' || signals
-FROM possible_only
+FROM possible
 UNION ALL
 SELECT NULL, 'recipient', responses, first_at, last_at, NULL,
        'tenant unknown: affected responses found in engine logs without a client record',
@@ -172,7 +179,7 @@ class Notification:
 
 @dataclass(frozen=True)
 class ReviewItem:
-    """A tenant (or an unknown one) that is a candidate, not notified, and why.
+    """A tenant (or an unknown one) that is a candidate, not notified for it, and why.
 
     Attributes:
         tenant_id: the tenant, or None when the logs do not name it.

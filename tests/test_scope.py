@@ -50,6 +50,23 @@ def test_candidates_and_possible_only_go_to_review_with_a_reason(standard):
     assert con.execute("SELECT count(*) FROM findings_review").fetchone() == (2,)
 
 
+def test_a_notified_recipients_possible_responses_are_listed_for_review(tmp_path):
+    # acct_alpha is notified for r-a1 and r-a2; its possible r-a0 is not in its notice, so it
+    # is on the review list with a reason that says so. acct_gamma's row keeps its own reason.
+    affected = AFFECTED + [("r-a0", "possible", "latency_too_good", None)]
+    case, con = build(tmp_path, affected=affected)
+    scope = scope_case(con, case)
+    assert ("acct_alpha", "recipient", 2) in [
+        (n.tenant_id, n.role, n.responses) for n in scope.notifications
+    ]
+    got = {(r.tenant_id, r.role): r for r in scope.review}
+    alpha = got[("acct_alpha", "recipient")]
+    assert (alpha.responses, alpha.first_at, alpha.confidence) == (1, at(9), "possible")
+    assert alpha.reason.startswith("possible verdicts beside its notified responses")
+    assert alpha.evidence == "signals: latency_too_good"
+    assert got[("acct_gamma", "recipient")].reason.startswith("only possible verdicts")
+
+
 def test_excluded_recipients_possible_and_own_data_are_not_notified(standard):
     _, _, scope = standard
     # Researcher and internal responses are excluded; acct_delta was read only by a "possible"

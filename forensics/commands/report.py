@@ -90,13 +90,13 @@ def _print_result(console: Console, result: ReportResult) -> None:
         f"{s['likely']:,} likely; {s['affected_excluded']:,} to excluded traffic, "
         f"{s['possible']:,} possible, not notified)"
     )
-    # review.csv holds tenants, not responses: a possible response of a tenant notified for
-    # another one is not on it, so the two counts differ and the line says what it counts.
+    # review.csv holds a row per tenant and role, not per response, so its count differs from
+    # the possible responses above and the line says what it counts.
     console.print(
         f"Notify: {plural(s['recipients'], 'recipient tenant')}, "
         f"{plural(s['sources'], 'source tenant')}.  Review: "
         f"{plural(s['review'], 'entry', 'entries')} in review.csv (candidate sources, tenants"
-        " with only possible responses)"
+        " with possible responses)"
     )
     console.print(f"Exploitation: {s['conclusion']}")
     if s.get("coverage_level") not in (None, "complete"):

@@ -682,7 +682,11 @@ def _summary(d: ReportData) -> dict[str, Any]:
         "recipients": len(recipients),
         "sources": len(sources),
         "review": len(d.review),
-        "review_tenants": len({r["tenant_id"] for r in d.review if r["tenant_id"]}),
+        # Tenants named as candidate sources only (a recipient's review rows are its possible
+        # responses, counted apart).
+        "candidate_sources": len(
+            {r["tenant_id"] for r in d.review if r["tenant_id"] and r["role"] == "source"}
+        ),
         "methods": methods,
         "notified_tenants": len({n["tenant_id"] for n in d.notifications}),
         "both_roles": len({n["tenant_id"] for n in recipients} & {n["tenant_id"] for n in sources}),
