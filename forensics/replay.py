@@ -138,6 +138,10 @@ def replay_rank(
     if queue_run is not None:
         rows.crowded = _in_crowded_run(np.asarray(queue_run, dtype=np.int64))
     instants = np.zeros(len(kind), dtype=np.int64) if at is None else np.asarray(at, np.int64)
+    if at is not None:
+        rows.completion = guess_generated(
+            kind, row, instants, rows.prompt, rows.completion, rows.size_known, rows.may_wait
+        )
     found = _replay_in_order(kind, row, pool_tokens, page_size, rows, instants)
     other, runs = row, 0
     if queue_run is not None:
@@ -188,6 +192,81 @@ def _replay_in_order(kind, row, pool_tokens, page_size, rows: _Rows, instants) -
         guesses=guesses,
         crowded=crowded,
     )
+
+
+# Decode legs of the rank with a known count of generated tokens needed to fit its decode
+# speed; with fewer, a leg of unknown count is sized by its prompt alone, as before.
+MIN_FIT_ROWS = 20
+# A fitted step shorter than this (µs) is noise, not a decode step: no engine generates a token
+# in a tenth of a millisecond, so such a rank's times say nothing of its tokens.
+MIN_STEP_US = 100.0
+
+
+def guess_generated(
+    kind: np.ndarray,
+    row: np.ndarray,
+    instants: np.ndarray,
+    prompt: np.ndarray,
+    completion: np.ndarray,
+    size_known: np.ndarray,
+    may_wait: np.ndarray,
+) -> np.ndarray:
+    """Generated tokens per timeline row (``completion`` where the logs count them), guessed
+    where they do not.
+
+    A decode leg with no client record and no count of its own (SGLang counts; canonical and
+    OTLP legs may not) grew its allocation by the tokens it generated, and every later
+    allocation of the rank took its pages after those. Counted as none, each such leg leaves
+    the replayed free list a few pages short, and the shortfall adds up over the rank's
+    history. How long a decode leg held its pages grows with its prompt (the transfer) and its
+    generated tokens (one step each): fitted by least squares on this rank's own legs whose
+    count is known, the time a leg of unknown count held its pages gives its tokens, at least
+    one and at most the most any known leg generated. The guess stays a guess: such rows are
+    still ``size_known`` false, so what a victim read after them stays approximate. Rows timed
+    by a client record (``may_wait``) and rows never freed keep what they had. The arguments
+    are :func:`replay_rank`'s, events then rows.
+
+    >>> import numpy as np
+    >>> n = 40
+    >>> prompt = np.arange(n) * 100 + 500
+    >>> made = np.arange(n) % 7 * 30 + 10
+    >>> held = 2_000 + prompt * 3 + made * 20_000        # µs: transfer, then one step a token
+    >>> known = np.arange(n) != 5
+    >>> kind = np.array([ALLOC] * n + [FREE] * n)
+    >>> row = np.concatenate([np.arange(n), np.arange(n)])
+    >>> instants = np.concatenate([np.arange(n) * 10, np.arange(n) * 10 + held])
+    >>> out = guess_generated(kind, row, instants, prompt, np.where(known, made, 0), known,
+    ...                       np.zeros(n, bool))
+    >>> int(out[5]), int(made[5])
+    (160, 160)
+    """
+    import numpy as np
+
+    prompt, completion = np.asarray(prompt, np.int64), np.asarray(completion, np.int64)
+    size_known, may_wait = np.asarray(size_known, np.bool_), np.asarray(may_wait, np.bool_)
+    guess = ~size_known & ~may_wait
+    if not guess.any():
+        return completion
+    n = len(prompt)
+    alloc, free = np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
+    took, gave = kind == ALLOC, kind == FREE
+    alloc[row[took]] = instants[took]
+    free[row[gave]] = instants[gave]
+    held = (alloc >= 0) & (free > alloc)
+    known = size_known & ~may_wait & held & (completion > 0)
+    if int(known.sum()) < MIN_FIT_ROWS or not (guess & held).any():
+        return completion
+    duration = (free - alloc).astype(np.float64)
+    fit = np.column_stack([np.ones(n), prompt.astype(np.float64), completion.astype(np.float64)])
+    (base, per_prompt, per_token), *_ = np.linalg.lstsq(fit[known], duration[known], rcond=None)
+    if not per_token >= MIN_STEP_US:
+        return completion
+    tokens = np.rint((duration - base - per_prompt * prompt) / per_token)
+    tokens = np.clip(np.nan_to_num(tokens, nan=1.0), 1, int(completion[known].max()))
+    out = completion.copy()
+    sized = guess & held
+    out[sized] = tokens[sized].astype(np.int64)
+    return out
 
 
 def _in_crowded_run(queue_run: np.ndarray) -> np.ndarray:

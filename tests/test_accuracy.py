@@ -150,8 +150,9 @@ def test_missing_client_records_keep_their_decode_legs_in_the_replay(loaded_case
     # Every tenant whose client record survives is still named as a source, and nearly every
     # (response, tenant) pair: the lost requests' pages are not wrongly credited to the tenant
     # who held them before. Their generated tokens are unknown, so the replay after them is
-    # approximate: its victims get only the recent releases as extra candidates, which can
-    # miss a pair (never a tenant here).
+    # approximate: each is guessed from how long its decode leg held its pages
+    # (replay.guess_generated). Counted as none, they left the replayed free list short: 8 and
+    # 22 pairs missed here, about one request pair in 75 at a notified confidence wrong.
     knowable = set(
         con.execute(
             """SELECT t.recipient_request_id, t.source_tenant_id
@@ -164,8 +165,20 @@ def test_missing_client_records_keep_their_decode_legs_in_the_replay(loaded_case
             "SELECT recipient_request_id, source_tenant_id FROM findings_exposures"
         ).fetchall()
     )
-    assert len(knowable & found) / len(knowable) >= 0.99
+    assert len(knowable & found) / len(knowable) >= 0.995
     assert {t for _, t in knowable} <= {t for _, t in found}
+    notified_pairs = con.execute(
+        """SELECT DISTINCT recipient_request_id, source_request_id FROM findings_exposures
+           WHERE method = 'allocator_replay' AND confidence IN ('exact', 'high', 'medium')"""
+    ).fetchall()
+    true_request_pairs = set(
+        con.execute(
+            "SELECT recipient_request_id, source_request_id FROM read_csv($x)",
+            {"x": str(loaded_case.folder / "truth" / "exposures.csv")},
+        ).fetchall()
+    )
+    wrong = [p for p in notified_pairs if p not in true_request_pairs]
+    assert len(wrong) <= 0.005 * len(notified_pairs), len(wrong)
     # The replayed pairs stay mostly right; the temporal candidates that complete them are
     # marked low / very_low.
     truth_pairs = set(

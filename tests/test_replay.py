@@ -9,7 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from forensics.attribution import PagePool, _ceil_div, stale_read, unknown_stale_pages
-from forensics.replay import ALLOC, FREE, NEVER, POOL_START, replay_rank
+from forensics.replay import (
+    ALLOC,
+    FREE,
+    MIN_FIT_ROWS,
+    NEVER,
+    POOL_START,
+    guess_generated,
+    replay_rank,
+)
 
 
 def walk_events(
@@ -148,6 +156,11 @@ def test_array_replay_matches_the_event_walk(history):
     kind, row, pool_tokens, page_size, prompt, completion, client, victim, wait, at, admit_by = (
         history
     )
+    # The walk takes the sizes the replay takes: a leg of unknown count sized by its time.
+    completion = guess_generated(
+        np.array(kind), np.array(row), np.array(at), prompt, completion, client, wait
+    ).tolist()
+    history = (*history[:5], completion, *history[6:])
     reads, states, shortfalls, guesses = walk_events(*history)
     out = replay_rank(
         *(np.array(v, dtype=np.int64) for v in history[:6]),
@@ -468,3 +481,65 @@ def test_a_maybe_victim_is_replayed_as_writer_and_as_victim():
     # A flag on a response that changes nothing any victim read is not reported.
     out = one_pool(4, kind, row, **sizes, maybe_victim=[True, False, False])
     assert reads_of(out) == [(1, 3, True)] and out.maybe == 0
+
+
+def _legs(n: int, per_token: int = 20_000):
+    """``n`` decode legs, one after another: each held its pages 2 ms for the transfer, 3 µs
+    per prompt token and ``per_token`` µs per generated token."""
+    prompt = np.arange(n) * 100 + 500
+    made = np.arange(n) % 7 * 30 + 10
+    held = 2_000 + prompt * 3 + made * per_token
+    kind = np.array([ALLOC] * n + [FREE] * n)
+    row = np.concatenate([np.arange(n), np.arange(n)])
+    instants = np.concatenate([np.arange(n) * 10, np.arange(n) * 10 + held])
+    return kind, row, instants, prompt, made
+
+
+def test_an_uncounted_leg_is_sized_by_how_long_it_held_its_pages():
+    kind, row, instants, prompt, made = _legs(40)
+    known = np.ones(40, dtype=bool)
+    known[[3, 17, 30]] = False
+    out = guess_generated(
+        kind, row, instants, prompt, np.where(known, made, 0), known, np.zeros(40, bool)
+    )
+    assert out[~known].tolist() == made[~known].tolist()
+    assert out[known].tolist() == made[known].tolist()  # counted rows keep their count
+
+
+def test_the_guess_needs_enough_counted_legs_and_leaves_client_rows_alone():
+    kind, row, instants, prompt, made = _legs(MIN_FIT_ROWS)
+    known = np.ones(MIN_FIT_ROWS, dtype=bool)
+    known[0] = False
+    counted = np.where(known, made, 0)
+    # One counted leg short of a fit: the uncounted one keeps its prompt alone.
+    few = guess_generated(kind, row, instants, prompt, counted, known, np.zeros(len(known), bool))
+    assert few[0] == 0
+    kind, row, instants, prompt, made = _legs(MIN_FIT_ROWS + 1)
+    known = np.ones(MIN_FIT_ROWS + 1, dtype=bool)
+    known[0] = False
+    counted = np.where(known, made, 0)
+    waits = np.zeros(len(known), dtype=bool)
+    assert guess_generated(kind, row, instants, prompt, counted, known, waits)[0] == made[0]
+    # A row timed by a client record is no leg: its time says nothing of its tokens.
+    waits[0] = True
+    assert guess_generated(kind, row, instants, prompt, counted, known, waits)[0] == 0
+
+
+def test_the_guess_stays_within_what_counted_legs_generated():
+    kind, row, instants, prompt, made = _legs(30)
+    known = np.ones(30, dtype=bool)
+    known[[0, 1]] = False
+    instants = instants.copy()
+    instants[30] = instants[0] + 10**9  # held for 17 minutes: stuck, not generating
+    instants[31] = instants[1] + 1  # freed at once
+    out = guess_generated(
+        kind, row, instants, prompt, np.where(known, made, 0), known, np.zeros(30, bool)
+    )
+    assert out[0] == made[known].max() and out[1] == 1
+    # A rank whose legs' times do not grow with their tokens gives no guess.
+    flat = instants.copy()
+    flat[30:] = np.arange(30) * 10 + 5_000
+    same = guess_generated(
+        kind, row, flat, prompt, np.where(known, made, 0), known, np.zeros(30, bool)
+    )
+    assert same[0] == 0 and same[1] == 0
