@@ -372,3 +372,44 @@ def test_session_data_ships_inside_the_package():
     assert len(cols["session"]) == 12_031 and len(bounds) - 1 == 8_056
     assert min(cols["added_tokens"]) >= 1
     assert all(p < t for p, t in zip(cols["parent"], cols["turn"], strict=True))
+
+
+def test_code_requests_arrive_in_bursts_and_chat_requests_do_not(ev):
+    # The coding service's trace: 17 % of its gaps under a millisecond, bursts of up to 188
+    # requests; the conversation service's arrives much as a Poisson process. At this case's
+    # rate a tenant's independent requests are hours apart, so sub-millisecond gaps between
+    # one tenant's requests come only from a burst.
+    profile = dict(ev["tenants"].select("tenant_id", "profile").iter_rows())
+    req = (
+        ev["requests"]
+        .select("tenant_id", "received_at")
+        .with_columns(pl.col("tenant_id").replace_strict(profile, default=None).alias("profile"))
+    )
+    gaps = (
+        req.sort("tenant_id", "received_at")
+        .with_columns(gap=pl.col("received_at").diff().over("tenant_id").dt.total_microseconds())
+        .drop_nulls("gap")
+    )
+    sub_ms = dict(
+        gaps.group_by("profile").agg((pl.col("gap") < 1_000).mean().alias("share")).iter_rows()
+    )
+    assert 0.08 <= sub_ms["code"] <= 0.35
+    assert sub_ms["chat"] < 0.01 and sub_ms["rag"] < 0.01
+
+
+def test_bursts_match_the_coding_trace():
+    from forensics.simulate.traffic import BURST_GAP_MAX_US, bursts
+
+    cfg = make_config()
+    rng = np.random.default_rng(7)
+    at, who = bursts(cfg, 200_000, np.array([0.0, 0.6, 0.4]), rng)
+    assert len(at) == len(who) == 200_000
+    assert set(np.unique(who)) == {1, 2}  # a tenant of no weight sends nothing
+    assert abs((who == 1).mean() - 0.6) < 0.03
+    assert ((at >= cfg.us(cfg.start)) & (at < cfg.us(cfg.end))).all()
+    # Burst by burst: within one, one tenant and gaps of at most 100 ms.
+    step = np.diff(at)
+    inside = (step >= 0) & (step <= BURST_GAP_MAX_US) & (who[1:] == who[:-1])
+    gaps = np.diff(np.sort(at))
+    assert 0.14 <= (gaps < 1_000).mean() <= 0.21  # the trace: 0.17
+    assert inside.mean() > 0.6  # the trace: 2,687 bursts for 8,819 requests, 70 % inside one
