@@ -860,7 +860,12 @@ def rank_exposures(
         table,
         statuses,
         _drift_warning(
-            found.shortfalls, found.guesses, found.queue_runs, found.crowded, found.maybe
+            found.shortfalls,
+            found.guesses,
+            found.queue_runs,
+            found.crowded,
+            found.maybe,
+            found.timed,
         ),
     )
 
@@ -964,8 +969,31 @@ def _walk(
     return exposures, statuses, None
 
 
+def _sized_by_time(guesses: int, timed: int) -> str:
+    """How the uncounted legs of a rank were sized, said after the warning about them.
+
+    >>> _sized_by_time(3, 0)
+    ''
+    >>> _sized_by_time(3, 2)
+    ' (2 sized by how long each held its pages, 1 by its prompt alone)'
+    """
+    if not timed:
+        return ""
+    if timed >= guesses:
+        return " (each sized by how long it held its pages)"
+    return (
+        f" ({timed:,} sized by how long each held its pages,"
+        f" {guesses - timed:,} by its prompt alone)"
+    )
+
+
 def _drift_warning(
-    shortfalls: int, guesses: int, queue_runs: int = 0, crowded: int = 0, maybe: int = 0
+    shortfalls: int,
+    guesses: int,
+    queue_runs: int = 0,
+    crowded: int = 0,
+    maybe: int = 0,
+    timed: int = 0,
 ) -> str | None:
     """Why a replayed rank's sources are approximate, if they are.
 
@@ -977,6 +1005,9 @@ def _drift_warning(
     begin, so sources are approximate
     >>> _drift_warning(0, 3).split(",")[0]
     '3 decode legs have no client record and no count of generated tokens'
+    >>> print(_drift_warning(0, 3, timed=3))
+    3 decode legs have no client record and no count of generated tokens, so the replayed pool is
+    approximate (each sized by how long it held its pages)
     >>> print(_drift_warning(0, 0, 2))
     2 groups of decode legs admitted together entered the queue within 100 microseconds of one
     another: the logs do not settle their order, so the replay tried both: a source read in one
@@ -1000,6 +1031,7 @@ def _drift_warning(
         parts.append(
             f"{plural(guesses, 'decode leg has', 'decode legs have')} no client record and no"
             " count of generated tokens, so the replayed pool is approximate"
+            + _sized_by_time(guesses, timed)
         )
     if shortfalls:
         parts.append(

@@ -66,6 +66,8 @@ class RankReplay:
             queue run, or some of it was written by a member of a run of three or more.
         shortfalls: allocations the replayed pool could not hold in full.
         guesses: allocations sized without knowing their generated tokens.
+        timed: of those, the ones sized by how long they held their pages
+            (:func:`guess_generated`); the rest by their prompt alone.
         queue_runs: queue runs replayed in their other order too.
         crowded: allocations in queue runs of three or more, whose other orders are not tried.
         maybe: maybe victims on the rank (see :func:`replay_rank`) where they changed what
@@ -79,6 +81,7 @@ class RankReplay:
     queue_runs: int = 0
     crowded: int = 0
     maybe: int = 0
+    timed: int = 0
 
 
 _READS = {"victim": "int64", "writer": "int64", "tokens": "int64", "settled": "bool"}
@@ -138,10 +141,14 @@ def replay_rank(
     if queue_run is not None:
         rows.crowded = _in_crowded_run(np.asarray(queue_run, dtype=np.int64))
     instants = np.zeros(len(kind), dtype=np.int64) if at is None else np.asarray(at, np.int64)
+    timed = 0
     if at is not None:
-        rows.completion = guess_generated(
+        guessed = guess_generated(
             kind, row, instants, rows.prompt, rows.completion, rows.size_known, rows.may_wait
         )
+        # A guess is at least one token, where an uncounted row held none.
+        timed = int(np.count_nonzero(guessed != rows.completion))
+        rows.completion = guessed
     found = _replay_in_order(kind, row, pool_tokens, page_size, rows, instants)
     other, runs = row, 0
     if queue_run is not None:
@@ -158,6 +165,7 @@ def replay_rank(
         found = _settle(found, alt, len(rows.prompt), runs)
         # Said only where the maybe victims changed what some victim read.
         found.maybe = maybe if found.victims["unsettled"].any() else 0
+    found.timed = timed
     return found
 
 

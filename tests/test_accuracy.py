@@ -144,9 +144,11 @@ def test_missing_client_records_keep_their_decode_legs_in_the_replay(loaded_case
            AND request_id NOT IN (SELECT request_id FROM read_csv($truth))""",
         {"truth": str(truth)},
     )
-    detect_case(con, loaded_case)
+    summary = detect_case(con, loaded_case)
     ev = evaluate(con, loaded_case.folder / "truth")
     assert ev.affected.recall == 1.0 and ev.affected.precision == 1.0
+    drift = [w for w in summary.warnings if "no count of generated tokens" in w]
+    assert drift and all("sized by how long it held its pages" in w for w in drift), drift
     # Every tenant whose client record survives is still named as a source, and nearly every
     # (response, tenant) pair: the lost requests' pages are not wrongly credited to the tenant
     # who held them before. Their generated tokens are unknown, so the replay after them is
