@@ -594,6 +594,24 @@ def test_report_command_writes_beside_the_manifest(tmp_path):
     assert "Review: 2 entries in review.csv" in " ".join(result.output.split())
     # Holes in the logs qualify every figure: the console says so too.
     assert "Log coverage: Incomplete: 1 silences in a log" in " ".join(result.output.split())
+    # Every tenant is named here, so no count is qualified.
+    assert "Recipients: " not in result.output and "Sources: " not in result.output
+
+
+def test_a_tenant_count_the_logs_cannot_complete_is_qualified_on_the_console(tmp_path):
+    unknown = (
+        "2 affected responses have only engine records, no client record: the tenant is"
+        " unknown (review list)."
+    )
+    basis = {"rows": {}, "missing": [], "caveats": {"recipients": unknown}, "can_clear": True}
+    case, con = build(tmp_path / "case", extra_facts={"evidence_basis": basis})
+    con.close()
+    result = CliRunner().invoke(app, ["report", str(case.path), "--as-of", "2026-09-03T00:00:00Z"])
+    assert result.exit_code == 0, result.output
+    lines = " ".join(result.output.split())
+    assert "Notify: 2 recipient tenants" in lines
+    assert f"Recipients: {unknown}" in lines
+    assert "Sources: " not in lines
 
 
 def test_complete_coverage_adds_no_console_line(tmp_path):

@@ -95,9 +95,13 @@ def _print_result(console: Console, result: ReportResult) -> None:
     console.print(
         f"Notify: {plural(s['recipients'], 'recipient tenant')}, "
         f"{plural(s['sources'], 'source tenant')}.  Review: "
-        f"{plural(s['review'], 'entry', 'entries')} in review.csv (candidate sources, tenants"
-        " with possible responses)"
+        f"{plural(s['review'], 'entry', 'entries')} in review.csv (candidate sources, possible"
+        " responses, tenants the logs do not name)"
     )
+    for figure, caveat in s.get("notify_caveats", {}).items():
+        # A count whose tenants the logs do not all name is a floor: said under it, not only
+        # in the report.
+        console.print(styled((f"{figure.capitalize()}: ", "yellow"), caveat))
     console.print(f"Exploitation: {s['conclusion']}")
     if s.get("coverage_level") not in (None, "complete"):
         # Holes in a log qualify every figure above: said here, not only in the report.

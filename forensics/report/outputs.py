@@ -307,6 +307,9 @@ def write_report(
     summary["conclusion"] = data.exploitation_summary["conclusion"]
     summary["level"] = data.exploitation_summary["level"]
     summary["basis_headline"] = data.basis.get("headline", "")
+    # What the tenant counts cannot show (a tenant the logs do not name): said beside them.
+    caveats = data.basis.get("caveats") or {}
+    summary["notify_caveats"] = {k: caveats[k] for k in ("recipients", "sources") if caveats.get(k)}
     summary["coverage_level"] = data.coverage_summary["level"]
     summary["coverage_statement"] = data.coverage_summary["statement"]
     return ReportResult(out, written, notices, bool(redact), generated_at, summary, messages)
