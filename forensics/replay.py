@@ -205,6 +205,8 @@ def _replay_in_order(kind, row, pool_tokens, page_size, rows: _Rows, instants) -
 # Decode legs of the rank with a known count of generated tokens needed to fit its decode
 # speed; with fewer, a leg of unknown count is sized by its prompt alone, as before.
 MIN_FIT_ROWS = 20
+# Rounds of the fit, each leaving out the legs far off the one before.
+FIT_ROUNDS = 4
 # A fitted step shorter than this (µs) is noise, not a decode step: no engine generates a token
 # in a tenth of a millisecond, so such a rank's times say nothing of its tokens.
 MIN_STEP_US = 100.0
@@ -228,8 +230,8 @@ def guess_generated(
     the replayed free list a few pages short, and the shortfall adds up over the rank's
     history. How long a decode leg held its pages grows with its prompt (the transfer) and its
     generated tokens (one step each): fitted by least squares on this rank's own legs whose
-    count is known, the time a leg of unknown count held its pages gives its tokens, at least
-    one and at most the most any known leg generated. The guess stays a guess: such rows are
+    count is known (leaving out those that stalled), the time a leg of unknown count held its
+    pages gives its tokens, at least one and at most the most any known leg generated. The guess stays a guess: such rows are
     still ``size_known`` false, so what a victim read after them stays approximate. Rows timed
     by a client record (``may_wait``) and rows never freed keep what they had. The arguments
     are :func:`replay_rank`'s, events then rows.
@@ -266,7 +268,26 @@ def guess_generated(
         return completion
     duration = (free - alloc).astype(np.float64)
     fit = np.column_stack([np.ones(n), prompt.astype(np.float64), completion.astype(np.float64)])
-    (base, per_prompt, per_token), *_ = np.linalg.lstsq(fit[known], duration[known], rcond=None)
+    # A leg that stalled (a client gone, a wait logged inside its time) held its pages far
+    # longer than its tokens took, and a few such legs are enough to tip a least-squares fit.
+    # The first fit leaves out the legs held far longer than the rank's usual (beyond ten
+    # robust deviations of the median); each next one the legs far off the fit before it
+    # (beyond three robust deviations of its residuals).
+    held_for = duration[known]
+    middle = np.median(held_for)
+    usual = 1.4826 * np.median(np.abs(held_for - middle))
+    use = known & (duration <= middle + 10 * max(usual, 1.0))
+    if int(use.sum()) < MIN_FIT_ROWS:
+        use = known.copy()
+    for _ in range(FIT_ROUNDS):
+        coef, *_ = np.linalg.lstsq(fit[use], duration[use], rcond=None)
+        residual = duration - fit @ coef
+        spread = 1.4826 * np.median(np.abs(residual[use] - np.median(residual[use])))
+        keep = known & (np.abs(residual) <= 3 * max(spread, 1.0))
+        if int(keep.sum()) < MIN_FIT_ROWS or (keep == use).all():
+            break
+        use = keep
+    base, per_prompt, per_token = coef
     if not per_token >= MIN_STEP_US:
         return completion
     tokens = np.rint((duration - base - per_prompt * prompt) / per_token)
