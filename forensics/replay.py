@@ -231,10 +231,10 @@ def guess_generated(
     history. How long a decode leg held its pages grows with its prompt (the transfer) and its
     generated tokens (one step each): fitted by least squares on this rank's own legs whose
     count is known (leaving out those that stalled), the time a leg of unknown count held its
-    pages gives its tokens, at least one and at most the most any known leg generated. The guess stays a guess: such rows are
-    still ``size_known`` false, so what a victim read after them stays approximate. Rows timed
-    by a client record (``may_wait``) and rows never freed keep what they had. The arguments
-    are :func:`replay_rank`'s, events then rows.
+    pages gives its tokens, at least one and at most the most any known leg generated. The
+    guess stays a guess: such rows are still ``size_known`` false, so what a victim read after
+    them stays approximate. Rows timed by a client record (``may_wait``) and rows never freed
+    keep what they had. The arguments are :func:`replay_rank`'s, events then rows.
 
     >>> import numpy as np
     >>> n = 40
