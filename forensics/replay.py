@@ -273,17 +273,14 @@ def guess_generated(
     # The first fit leaves out the legs held far longer than the rank's usual (beyond ten
     # robust deviations of the median); each next one the legs far off the fit before it
     # (beyond three robust deviations of its residuals).
-    held_for = duration[known]
-    middle = np.median(held_for)
-    usual = 1.4826 * np.median(np.abs(held_for - middle))
-    use = known & (duration <= middle + 10 * max(usual, 1.0))
+    middle = np.median(duration[known])
+    use = known & (duration <= middle + 10 * _spread(duration[known]))
     if int(use.sum()) < MIN_FIT_ROWS:
         use = known.copy()
     for _ in range(FIT_ROUNDS):
         coef, *_ = np.linalg.lstsq(fit[use], duration[use], rcond=None)
         residual = duration - fit @ coef
-        spread = 1.4826 * np.median(np.abs(residual[use] - np.median(residual[use])))
-        keep = known & (np.abs(residual) <= 3 * max(spread, 1.0))
+        keep = known & (np.abs(residual) <= 3 * _spread(residual[use]))
         if int(keep.sum()) < MIN_FIT_ROWS or (keep == use).all():
             break
         use = keep
@@ -296,6 +293,19 @@ def guess_generated(
     sized = guess & held
     out[sized] = tokens[sized].astype(np.int64)
     return out
+
+
+def _spread(values: np.ndarray) -> float:
+    """A deviation of ``values`` that a few far-off ones do not move (the median absolute
+    deviation, scaled to a normal spread), at least one microsecond.
+
+    >>> import numpy as np
+    >>> _spread(np.array([10.0, 11.0, 12.0, 1e9]))
+    1.4826
+    """
+    import numpy as np
+
+    return max(1.4826 * float(np.median(np.abs(values - np.median(values)))), 1.0)
 
 
 def _in_crowded_run(queue_run: np.ndarray) -> np.ndarray:

@@ -62,17 +62,24 @@ def _unlogged(warnings: list[tuple[str, str]]) -> list[str]:
     return [m for c, m in warnings if c == "node_unlogged"]
 
 
+def _lacking(con, side: str, signal: str) -> tuple[int, int]:
+    """Engine requests with no ``side`` leg anywhere, and requests that fired ``signal``."""
+    [(lacking,)] = con.execute(
+        "SELECT rows FROM findings_coverage WHERE scope = $scope AND node IS NULL",
+        {"scope": f"leg_missing:{side}"},
+    ).fetchall()
+    [(fired,)] = con.execute(
+        "SELECT count(*) FROM findings_signals WHERE signal = $signal", {"signal": signal}
+    ).fetchall()
+    return lacking, fired
+
+
 def test_a_missing_decode_log_is_named_when_engine_logs_are_all_there_is(simulated, tmp_path):
     folder = _copy(simulated["sglang"], tmp_path)
     (folder / "evidence" / "sglang" / "decode-1.log.gz").unlink()
     warnings, con = _detect(folder)
     [message] = _unlogged(warnings)
-    [(lacking,)] = con.execute(
-        "SELECT rows FROM findings_coverage WHERE scope = 'leg_missing:decode' AND node IS NULL"
-    ).fetchall()
-    [(unresolved,)] = con.execute(
-        "SELECT count(*) FROM findings_signals WHERE signal = 'rejection_unresolved'"
-    ).fetchall()
+    lacking, unresolved = _lacking(con, "decode", "rejection_unresolved")
     assert lacking > 0 and unresolved > 0
     assert message.startswith(
         f"No decode log was loaded for decode-1, though it reported a KV pool while {lacking:,}"
@@ -122,12 +129,7 @@ def test_a_missing_prefill_log_is_named_when_engine_logs_are_all_there_is(simula
     (folder / "evidence" / "sglang" / "prefill-1.log.gz").unlink()
     warnings, con = _detect(folder)
     [message] = _unlogged(warnings)
-    [(lacking,)] = con.execute(
-        "SELECT rows FROM findings_coverage WHERE scope = 'leg_missing:prefill' AND node IS NULL"
-    ).fetchall()
-    [(unplaced,)] = con.execute(
-        "SELECT count(*) FROM findings_signals WHERE signal = 'over_pool_unplaced'"
-    ).fetchall()
+    lacking, unplaced = _lacking(con, "prefill", "over_pool_unplaced")
     assert lacking > 0
     assert message.startswith(
         f"No prefill log was loaded for prefill-1, though it reported a KV pool while {lacking:,}"
